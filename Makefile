@@ -1,0 +1,42 @@
+# make help: list the targets.
+PY      := .venv/bin/python
+MODEL   ?= smollm2-135m
+# The default benchmark slice; `make bench QUESTIONS=null MAX_NEW=1024 WARMUP=3` is the full Spec-Bench run.
+QUESTIONS ?= 2
+MAX_NEW   ?= 128
+WARMUP    ?= 1
+# Every method config in conf/method, vanilla first (each is compared with vanilla).
+METHODS ?= $(shell ls conf/method | sed 's/\.yaml$$//' | sort | awk '$$0=="vanilla"{print;next}{a=a","$$0}END{printf "%s", a}' | sed 's/^,//')
+
+.PHONY: help setup data test bench report bench-engine clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+
+setup: .venv/.installed  ## create .venv and install the pinned dependencies
+
+.venv/.installed: requirements.txt requirements-nodeps.txt
+	python3 -m venv .venv
+	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet --no-deps -r requirements-nodeps.txt
+	touch $@
+
+data: setup  ## put the question sets under data/ (checked by sha256)
+	$(PY) -m evaluation.data
+
+test: setup data  ## run the test suite (CPU, real embedded model)
+	$(PY) -m pytest
+
+bench: setup data  ## every method on a Spec-Bench slice, then the report
+	$(PY) run.py -m model=$(MODEL) method=$(METHODS) bench.questions_per_subtask=$(QUESTIONS) \
+		bench.max_new_tokens=$(MAX_NEW) bench.warmup=$(WARMUP) run.report=false
+	$(PY) -m evaluation.report
+
+report: setup  ## rebuild results/report.md and .csv from the saved runs
+	$(PY) -m evaluation.report
+
+bench-engine: setup  ## forward latency against new tokens, and our vanilla loop against generate()
+	$(PY) -m evaluation.bench_engine
+
+clean:  ## remove scratch results (never the saved runs)
+	rm -rf results/scratch .pytest_cache

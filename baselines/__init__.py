@@ -1,0 +1,7 @@
+"""Baseline decoding methods. Importing the package imports every module in it, which registers the methods."""
+
+import importlib
+import pkgutil
+
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")

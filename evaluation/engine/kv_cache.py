@@ -1,0 +1,103 @@
+"""A preallocated key/value cache written by position, plugged into unmodified transformers models.
+
+transformers' DynamicCache concatenates on every step, so a step costs a copy of the whole context. Here each
+layer owns one buffer of `capacity` slots, allocated once per turn; a forward writes its new rows at the end of
+the committed prefix and attends over a view of the filled part. Rejected draft rows need no rollback: the
+commit moves the accepted rows down to the end of the prefix and the next forward overwrites the rest.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+
+class PositionalLayer(CacheLayerMixin):
+    """One layer's preallocated keys and values, `[batch, kv_heads, capacity, head_dim]`."""
+
+    is_croppable = True
+    is_sliding = False
+
+    def __init__(self, capacity: int):
+        super().__init__()
+        self.capacity = capacity
+        self.length = 0
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        batch, heads = key_states.shape[:2]
+        self.device = key_states.device
+        self.keys = key_states.new_empty((batch, heads, self.capacity, key_states.shape[-1]))
+        self.values = value_states.new_empty((batch, heads, self.capacity, value_states.shape[-1]))
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        start, end = self.length, self.length + key_states.shape[-2]
+        if end > self.capacity:
+            raise RuntimeError(f"KV cache overflow: {end} positions needed, {self.capacity} allocated")
+        self.keys[:, :, start:end] = key_states
+        self.values[:, :, start:end] = value_states
+        self.length = end
+        return self.keys[:, :, :end], self.values[:, :, :end]
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.length + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def get_max_length(self) -> int:
+        return self.capacity
+
+    def reset(self) -> None:
+        self.length = 0
+
+    def crop(self, length: int) -> None:
+        self.length = length
+
+    def commit(self, prefix_length: int, keep: torch.Tensor) -> None:
+        """Keep the first `prefix_length` rows, then the rows `prefix_length + keep` (ascending), in that order."""
+        if not self.is_initialized:
+            return
+        n = keep.numel()
+        rows = keep + prefix_length
+        # One gather per buffer; index_select copies, so overlapping source and target rows are safe.
+        self.keys[:, :, prefix_length : prefix_length + n] = self.keys.index_select(2, rows)
+        self.values[:, :, prefix_length : prefix_length + n] = self.values.index_select(2, rows)
+        self.length = prefix_length + n
+
+
+class PositionalKVCache(Cache):
+    """The cache handed to the model as `cache=`; `length` is the number of committed positions."""
+
+    def __init__(self, num_layers: int, capacity: int):
+        super().__init__(layers=[PositionalLayer(capacity) for _ in range(num_layers)])
+        self.capacity = capacity
+
+    @property
+    def length(self) -> int:
+        return self.layers[0].length
+
+    def crop(self, length: int) -> None:
+        """Forget everything after the first `length` positions (the rows are overwritten later)."""
+        for layer in self.layers:
+            layer.crop(length)
+
+    @torch.inference_mode()
+    def commit(self, prefix_length: int, keep: list[int]) -> None:
+        """After a tree forward: keep the committed prefix plus the tree nodes `keep` (node 0 = first new row)."""
+        # Rows already in place (a chain accepted from its start, or vanilla's single node) are not moved.
+        in_place = 0
+        while in_place < len(keep) and keep[in_place] == in_place:
+            in_place += 1
+        if in_place == len(keep):
+            self.crop(prefix_length + len(keep))
+            return
+        index = torch.as_tensor(keep[in_place:], dtype=torch.long, device=self.layers[0].keys.device)
+        for layer in self.layers:
+            layer.commit(prefix_length + in_place, index - in_place)
+
+
+def cache_for(model, capacity: int) -> PositionalKVCache:
+    return PositionalKVCache(model.config.num_hidden_layers, capacity)

@@ -1,0 +1,141 @@
+"""The one decode loop. Every method, vanilla included, runs a turn through `decode_turn`.
+
+Bookkeeping (see docs/engine.md): the prefill forward gives the first token, which counts as a step that commits
+one token, as in transformers' `generate`. Each later step feeds the pending token (node 0) plus the method's draft
+tree in one forward, verifies greedily, and commits the accepted drafts and the bonus token. So vanilla makes
+exactly one forward per generated token, and its mean accepted tokens is 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from evaluation.engine.kv_cache import cache_for
+from evaluation.engine.method import DecodeState, Method, StepOutcome
+from evaluation.engine.timing import LapClock
+from evaluation.engine.tree import build_tree_inputs, verify_greedy
+
+
+@dataclass
+class TurnResult:
+    """One answer: token ids, per-step accepted lengths and the time of each part."""
+
+    new_ids: list[int]
+    accept_lengths: list[int]  # tokens committed per step, the prefill step (1 token) included
+    wall_time: float  # seconds, prefill included
+    seconds: dict[str, float] = field(default_factory=dict)  # per part; they add up to wall_time
+    stop_reason: str = ""  # "stop_token", "max_new_tokens" or "context"
+
+    @property
+    def steps(self) -> int:
+        return len(self.accept_lengths)
+
+
+def cut_chunk(chunk: list[int], stop_ids: frozenset[int], room: int) -> tuple[list[int], str]:
+    """Keep the chunk up to and including the first stop token, and at most `room` tokens."""
+    for i, token in enumerate(chunk[:room]):
+        if token in stop_ids:
+            return chunk[: i + 1], "stop_token"
+    if len(chunk) >= room:
+        return chunk[:room], "max_new_tokens"
+    return chunk, ""
+
+
+def _forward(model, input_ids, position_ids, attention_mask, cache, logits_to_keep, hidden):
+    out = model(
+        input_ids=input_ids,
+        position_ids=position_ids,
+        attention_mask=attention_mask,
+        cache=cache,
+        use_cache=True,
+        logits_to_keep=logits_to_keep,
+        output_hidden_states=hidden,
+    )
+    hidden_states = out.hidden_states[-1][0] if hidden else None
+    return out.logits[0], hidden_states
+
+
+@torch.inference_mode()
+def decode_turn(lm, method: Method, prompt_ids: list[int], max_new_tokens: int) -> TurnResult:
+    """Greedy-decode one turn of at most `max_new_tokens` tokens with `method` drafting."""
+    model, device, dtype = lm.model, lm.device, lm.dtype
+    prompt_length = len(prompt_ids)
+    budget = min(max_new_tokens, lm.max_context - prompt_length)
+    if budget < 1:
+        raise ValueError(f"prompt of {prompt_length} tokens leaves no room in a context of {lm.max_context}")
+    hidden = method.needs_hidden_states
+    clock = LapClock(device)
+
+    # Prefill: the whole prompt, causal, in one forward; only the last position's logits are needed.
+    cache = cache_for(model, prompt_length + budget + method.max_nodes + 1)
+    causal = torch.full((prompt_length, prompt_length), torch.finfo(dtype).min, dtype=dtype).triu_(1)
+    logits, hidden_states = _forward(
+        model,
+        torch.tensor([prompt_ids], device=device),
+        torch.arange(prompt_length, device=device).unsqueeze(0),
+        causal.to(device)[None, None],
+        cache,
+        1,
+        hidden,
+    )
+    last_logits = logits[-1]
+    first, stop_reason = cut_chunk([int(last_logits.argmax())], lm.stop_ids, budget)
+    clock.lap("prefill")
+    method.reset(list(prompt_ids))
+    clock.lap("update")
+
+    state = DecodeState(list(prompt_ids) + first, prompt_length, last_logits, budget)
+    accept_lengths = [1]
+    while not stop_reason:
+        # 1. draft
+        tree = method.draft(state)
+        clock.lap("draft")
+        # 2. lay the pending token and the tree out for one forward
+        cache_length = cache.length
+        inputs = build_tree_inputs(state.tokens[-1], tree, cache_length, dtype, device)
+        clock.lap("tree")
+        # 3. one target forward over all nodes
+        logits, hidden_states = _forward(
+            model, inputs.input_ids, inputs.position_ids, inputs.attention_mask, cache, 0, hidden
+        )
+        clock.lap("forward")
+        # 4. greedy verification, then the stop rules on the committed chunk
+        tree_logits = logits[: inputs.num_tree_nodes]
+        verdict = verify_greedy(inputs, tree_logits)
+        committed, stop_reason = cut_chunk(
+            verdict.accepted_tokens + [verdict.bonus], lm.stop_ids, budget - state.generated
+        )
+        clock.lap("verify")
+        # 5. keep the keys/values of the pending token and the accepted drafts
+        cache.commit(cache_length, verdict.path)
+        clock.lap("commit")
+        # 6. the method learns what was accepted
+        state.tokens.extend(committed)
+        state.last_logits = tree_logits[verdict.path[-1]]
+        accept_lengths.append(len(committed))
+        if not stop_reason:
+            method.update(
+                state,
+                StepOutcome(
+                    committed=committed,
+                    verdict=verdict,
+                    tree_logits=tree_logits,
+                    side_logits=logits[inputs.num_tree_nodes :] if tree.side else None,
+                    hidden_states=hidden_states,
+                ),
+            )
+        clock.lap("update")
+
+    if not stop_reason:
+        stop_reason = "max_new_tokens"
+    if stop_reason == "max_new_tokens" and budget < max_new_tokens:
+        stop_reason = "context"
+    return TurnResult(
+        new_ids=state.tokens[prompt_length:],
+        accept_lengths=accept_lengths,
+        wall_time=clock.elapsed,
+        seconds=dict(clock.seconds),
+        stop_reason=stop_reason,
+    )

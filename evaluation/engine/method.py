@@ -1,0 +1,72 @@
+"""The interface every decoding method implements: draft a tree, then learn from what was accepted.
+
+The decode loop (`evaluation.engine.loop`) owns the model, the cache, verification and timing; a method only
+proposes tokens. A new method is one class registered with `@register_method("name")`, a `Config` dataclass of
+its options (validated against `conf/method/<name>.yaml`), and that YAML file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from evaluation.engine.tree import DraftTree, Verdict
+
+
+@dataclass
+class DecodeState:
+    """What a method may read when it drafts: the committed tokens and the logits behind the pending one."""
+
+    tokens: list[int]  # prompt + generated; tokens[-1] is the pending token (exact, not yet fed to the model)
+    prompt_length: int
+    last_logits: torch.Tensor  # [vocab] target logits whose argmax is tokens[-1]
+    max_new_tokens: int
+
+    @property
+    def generated(self) -> int:
+        return len(self.tokens) - self.prompt_length
+
+
+@dataclass
+class StepOutcome:
+    """What one verification step produced, handed back to the method's `update`."""
+
+    committed: list[int]  # tokens appended this step: accepted drafts, then the bonus (cut at a stop or the budget)
+    verdict: Verdict
+    tree_logits: torch.Tensor  # [tree nodes, vocab]
+    side_logits: torch.Tensor | None  # [side nodes, vocab], when the draft had side nodes
+    hidden_states: torch.Tensor | None  # [nodes, hidden] last layer, when the method asks for them
+
+
+@dataclass
+class NoOptions:
+    """Options of a method that has none."""
+
+
+class Method:
+    """Base class of decoding methods. The default drafts nothing, which is vanilla greedy decoding."""
+
+    name: ClassVar[str] = ""
+    Config: ClassVar[type] = NoOptions
+    needs_hidden_states: ClassVar[bool] = False
+
+    def __init__(self, config, model):
+        self.config = config
+        self.model = model
+
+    @property
+    def max_nodes(self) -> int:
+        """An upper bound on draft plus side nodes per step; the cache reserves that many slots."""
+        return 0
+
+    def reset(self, prompt_ids: list[int]) -> None:
+        """Called at the start of every turn with the full prompt (earlier turns included)."""
+
+    def draft(self, state: DecodeState) -> DraftTree:
+        """Propose the tokens after the pending token `state.tokens[-1]`."""
+        return DraftTree()
+
+    def update(self, state: DecodeState, outcome: StepOutcome) -> None:
+        """Called after each step; `state.tokens` already includes `outcome.committed`."""

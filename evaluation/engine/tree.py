@@ -1,0 +1,159 @@
+"""Draft trees: their layout for one target forward, and greedy verification over their root-to-leaf paths.
+
+Node 0 of every tree is the pending token: the newest committed token, whose key/value is not cached yet. Its
+output is the exact greedy next token. Draft node i (1-based) has a parent node `parents[i-1] < i`; a node sees
+every cached position, itself and its ancestors, and sits at position `cache_length + depth`.
+
+Side nodes (used by Lookahead's Jacobi window) ride along in the same forward but are never verified: each one
+names its own position offset and the nodes it sees, and hands its logits back to the method. Tree nodes never
+see side nodes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+
+@dataclass
+class SideNodes:
+    """Unverified tokens placed after the tree in the same forward.
+
+    `offsets[j]` is the position of side token j relative to the pending token; `sees[j]` lists the nodes it
+    attends to besides the cache, numbered over the whole input (tree nodes 0..T-1, then side nodes T..T+S-1).
+    """
+
+    tokens: list[int]
+    offsets: list[int]
+    sees: list[list[int]]
+
+
+@dataclass
+class DraftTree:
+    """Draft tokens below the pending token. An empty tree is plain autoregressive decoding."""
+
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+    side: SideNodes | None = None
+
+    @classmethod
+    def chain(cls, tokens: list[int]) -> "DraftTree":
+        """A linear draft: each token is the child of the one before it."""
+        return cls(list(tokens), list(range(len(tokens))))
+
+    @classmethod
+    def star_of_chains(cls, branches: list[list[int]]) -> "DraftTree":
+        """Chains that all hang off the pending token, laid out one after another."""
+        tokens: list[int] = []
+        parents: list[int] = []
+        for branch in branches:
+            for j, token in enumerate(branch):
+                parents.append(0 if j == 0 else len(tokens))
+                tokens.append(token)
+        return cls(tokens, parents)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass
+class TreeInputs:
+    """What one target forward needs: ids, positions and the additive 4-D mask, plus the layout's depths."""
+
+    input_ids: torch.Tensor  # [1, Q]
+    position_ids: torch.Tensor  # [1, Q]
+    attention_mask: torch.Tensor  # [1, 1, Q, cache_length + Q], 0 = attend, dtype-min = masked
+    depths: np.ndarray  # [T] depth of each tree node
+    parents: np.ndarray  # [T] parent node of each tree node (-1 for node 0)
+    tokens: np.ndarray  # [T] token of each tree node
+    num_tree_nodes: int
+
+
+def ancestor_matrix(parents: np.ndarray) -> np.ndarray:
+    """`visible[i, j]` is True when node j is node i or one of its ancestors (parents precede children)."""
+    n = len(parents)
+    visible = np.eye(n, dtype=bool)
+    for i in range(1, n):
+        visible[i] |= visible[parents[i]]
+    return visible
+
+
+def build_tree_inputs(
+    pending_token: int, tree: DraftTree, cache_length: int, dtype: torch.dtype, device: torch.device
+) -> TreeInputs:
+    """Lay the pending token, its draft tree and any side nodes out for one forward over a cache of `cache_length`."""
+    tokens = np.asarray([pending_token] + list(tree.tokens), dtype=np.int64)
+    parents = np.asarray([-1] + list(tree.parents), dtype=np.int64)
+    num_tree = len(tokens)
+    if num_tree > 1 and not np.all(parents[1:] < np.arange(1, num_tree)):
+        raise ValueError("draft tree parents must precede their children")
+    depths = np.zeros(num_tree, dtype=np.int64)
+    for i in range(1, num_tree):
+        depths[i] = depths[parents[i]] + 1
+
+    side = tree.side
+    num_side = len(side.tokens) if side else 0
+    width = num_tree + num_side
+    visible = np.zeros((width, width), dtype=bool)
+    visible[:num_tree, :num_tree] = ancestor_matrix(parents) if num_tree > 1 else True
+    offsets = depths
+    all_tokens = tokens
+    if side:
+        for j, seen in enumerate(side.sees):
+            visible[num_tree + j, seen] = True
+        offsets = np.concatenate([depths, np.asarray(side.offsets, dtype=np.int64)])
+        all_tokens = np.concatenate([tokens, np.asarray(side.tokens, dtype=np.int64)])
+
+    mask = torch.zeros((1, 1, width, cache_length + width), dtype=dtype)
+    if width > 1:
+        blocked = torch.from_numpy(~visible)
+        mask[0, 0, :, cache_length:].masked_fill_(blocked, torch.finfo(dtype).min)
+    return TreeInputs(
+        input_ids=torch.from_numpy(all_tokens).to(device).unsqueeze(0),
+        position_ids=torch.from_numpy(offsets + cache_length).to(device).unsqueeze(0),
+        attention_mask=mask.to(device),
+        depths=depths,
+        parents=parents,
+        tokens=tokens,
+        num_tree_nodes=num_tree,
+    )
+
+
+@dataclass
+class Verdict:
+    """The outcome of greedy verification: the accepted path (node 0 first) and the bonus token after it."""
+
+    path: list[int]  # tree nodes root..last accepted, node 0 included
+    accepted_tokens: list[int]  # draft tokens on the path (node 0 excluded)
+    bonus: int  # the target's greedy token after the last accepted node
+    predictions: list[int]  # argmax at every tree node
+
+
+def verify_greedy(inputs: TreeInputs, tree_logits: torch.Tensor) -> Verdict:
+    """Greedy tree verification: the longest root path whose every draft equals the target's argmax at its parent.
+
+    A node is accepted when its parent is accepted and its token is the parent's argmax. The deepest accepted
+    node wins; among equally deep ones the first in layout order (for a trie both hold the same tokens).
+    """
+    predictions = tree_logits.argmax(dim=-1).tolist()
+    tokens, parents, depths = inputs.tokens, inputs.parents, inputs.depths
+    accepted = [True] + [False] * (inputs.num_tree_nodes - 1)
+    best = 0
+    for i in range(1, inputs.num_tree_nodes):
+        parent = parents[i]
+        if accepted[parent] and tokens[i] == predictions[parent]:
+            accepted[i] = True
+            if depths[i] > depths[best]:
+                best = i
+    path = [best]
+    while path[-1] != 0:
+        path.append(int(parents[path[-1]]))
+    path.reverse()
+    return Verdict(
+        path=path,
+        accepted_tokens=[int(tokens[i]) for i in path[1:]],
+        bonus=predictions[best],
+        predictions=predictions,
+    )

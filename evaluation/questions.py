@@ -1,0 +1,90 @@
+"""Question sets in Spec-Bench's JSONL format, and the six Spec-Bench subtasks."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from evaluation.errors import HarnessError
+
+# MT-bench's eight categories form Spec-Bench's "multi-turn conversation" subtask.
+MT_BENCH_CATEGORIES = frozenset(
+    {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
+)
+SUBTASKS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
+SUBTASK_TITLES = {
+    "mt_bench": "Multi-turn Conversation",
+    "translation": "Translation",
+    "summarization": "Summarization",
+    "qa": "Question Answering",
+    "math_reasoning": "Mathematical Reasoning",
+    "rag": "RAG",
+    "overall": "Overall",
+}
+
+
+@dataclass(frozen=True)
+class Question:
+    question_id: int | str
+    category: str
+    turns: tuple[str, ...]
+
+    @property
+    def subtask(self) -> str:
+        return "mt_bench" if self.category in MT_BENCH_CATEGORIES else self.category
+
+
+def file_sha256(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def load_questions(path: str | Path) -> list[Question]:
+    """Read and check a question file; a bad line is reported with its file and line number."""
+    path = Path(path)
+    if not path.is_file():
+        hint = " (run `make data` first)" if path.name == "question.jsonl" else ""
+        raise HarnessError(f"question file not found: {path}{hint}")
+    questions, seen = [], set()
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{number}"
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise HarnessError(f"{where}: malformed JSON ({exc.msg})") from None
+            if not isinstance(record, dict):
+                raise HarnessError(f"{where}: expected a JSON object")
+            turns = record.get("turns")
+            if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
+                raise HarnessError(f"{where}: question has no 'turns' (a non-empty list of strings)")
+            if "question_id" not in record:
+                raise HarnessError(f"{where}: question has no 'question_id'")
+            qid = record["question_id"]
+            if qid in seen:
+                raise HarnessError(f"{where}: duplicate question_id {qid!r}")
+            seen.add(qid)
+            questions.append(Question(qid, str(record.get("category", "default")), tuple(turns)))
+    if not questions:
+        raise HarnessError(f"{path}: no questions")
+    return questions
+
+
+def select_questions(questions: list[Question], subtasks: list[str] | None, per_subtask: int | None) -> list[Question]:
+    """Keep the chosen subtasks (all when None) and the first `per_subtask` questions of each, in file order."""
+    present = list(dict.fromkeys(q.subtask for q in questions))
+    if subtasks:
+        unknown = [s for s in subtasks if s not in present]
+        if unknown:
+            raise HarnessError(f"unknown subtask(s) {', '.join(unknown)}; this file has: {', '.join(present)}")
+    wanted = set(subtasks or present)
+    taken: dict[str, int] = {}
+    selected = []
+    for q in questions:
+        if q.subtask in wanted and (per_subtask is None or taken.get(q.subtask, 0) < per_subtask):
+            taken[q.subtask] = taken.get(q.subtask, 0) + 1
+            selected.append(q)
+    return selected

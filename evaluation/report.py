@@ -1,0 +1,224 @@
+"""The report: speedup, mean accepted tokens, time breakdown and losslessness of each method against vanilla.
+
+    python -m evaluation.report [--results results/runs] [--out results]
+
+Runs are compared only with a vanilla run of the same model, question file, selection, token budget, dtype,
+device and repeat index (their `comparison_key`). Definitions:
+- speedup: Spec-Bench's, the mean over questions of tokens/s divided by vanilla's mean tokens/s;
+- token-ratio speedup (reported apart): total tokens / total time, divided by vanilla's;
+- MAT (mean accepted tokens): committed tokens over decoding steps, bonus included (vanilla: exactly 1);
+- tokens are counted from the generated ids, never by re-tokenizing text;
+- the time breakdown: each part's share of the total wall time, and its mean milliseconds per step.
+Questions that raised are listed, and left out of every statistic on both sides.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from evaluation.engine.timing import PARTS
+from evaluation.questions import SUBTASK_TITLES
+
+ORDER = list(SUBTASK_TITLES)
+
+
+def load_runs(results_dir: str | Path) -> pd.DataFrame:
+    """One row per answered question of every run under `results_dir` (the tidy table the figures use)."""
+    rows = []
+    for manifest_path in sorted(Path(results_dir).glob("**/manifest.json")):
+        folder = manifest_path.parent
+        manifest = json.loads(manifest_path.read_text())
+        answers = folder / "answers.jsonl"
+        if not answers.exists():
+            continue
+        for line in answers.read_text(encoding="utf-8").splitlines():
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut off by a kill; the next run of the same command removes it
+            row = {
+                "run_dir": str(folder),
+                "model": manifest["model"],
+                "method": manifest["method"],
+                "method_label": manifest.get("method_label", manifest["method"]),
+                "comparison_key": manifest["comparison_key"],
+                "repeat": manifest["comparison"].get("repeat", 0),
+                "max_new_tokens": manifest["comparison"].get("max_new_tokens"),
+                "question_id": record["question_id"],
+                "subtask": record.get("subtask", record.get("category")),
+                "status": record.get("status", "ok"),
+                "error": record.get("error"),
+            }
+            if row["status"] == "ok":
+                choice = record["choices"][0]
+                row.update(
+                    new_tokens=sum(choice["new_tokens"]),
+                    wall_time=sum(choice["wall_time"]),
+                    steps=sum(choice["decoding_steps"]),
+                    accept_lengths=choice["accept_lengths"],
+                    token_ids=choice["token_ids"],
+                )
+                for part in PARTS:
+                    row[f"t_{part}"] = sum(turn.get(part, 0.0) for turn in choice["time_breakdown"])
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def first_difference(ours: list[list[int]], reference: list[list[int]]) -> tuple[int, int] | None:
+    """(turn, position) of the first token that differs, or None when the ids are equal."""
+    for turn, (a, b) in enumerate(zip(ours, reference)):
+        if a != b:
+            position = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            return turn, position
+    if len(ours) != len(reference):
+        return min(len(ours), len(reference)), 0
+    return None
+
+
+def lossless_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per method run and question: whether its token ids equal vanilla's, and where they first differ."""
+    rows = []
+    ok = df[df.status == "ok"]
+    for key, group in ok.groupby("comparison_key"):
+        vanilla = group[group.method == "vanilla"].set_index("question_id")
+        for _, row in group[group.method != "vanilla"].iterrows():
+            if row.question_id not in vanilla.index:
+                continue
+            diff = first_difference(row.token_ids, vanilla.loc[row.question_id, "token_ids"])
+            rows.append({"comparison_key": key, "model": row.model, "method_label": row.method_label,
+                         "question_id": row.question_id, "subtask": row.subtask, "equal": diff is None,
+                         "first_diff_turn": None if diff is None else diff[0],
+                         "first_diff_position": None if diff is None else diff[1]})
+    return pd.DataFrame(rows)
+
+
+def _stats(rows: pd.DataFrame, base: pd.DataFrame) -> dict:
+    tps = rows.new_tokens / rows.wall_time
+    base_tps = base.new_tokens / base.wall_time
+    wall = rows.wall_time.sum()
+    stats = {
+        "questions": len(rows),
+        "tokens_per_s": tps.mean(),
+        "speedup": tps.mean() / base_tps.mean(),
+        "token_ratio_speedup": (rows.new_tokens.sum() / wall) / (base.new_tokens.sum() / base.wall_time.sum()),
+        "mat": rows.new_tokens.sum() / rows.steps.sum(),
+        "steps": int(rows.steps.sum()),
+    }
+    for part in PARTS:
+        stats[f"frac_{part}"] = rows[f"t_{part}"].sum() / wall
+        stats[f"ms_per_step_{part}"] = 1000 * rows[f"t_{part}"].sum() / rows.steps.sum()
+    return stats
+
+
+def summarize(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per (comparison, method run, subtask), `overall` included."""
+    rows = []
+    ok = df[df.status == "ok"]
+    for key, group in ok.groupby("comparison_key"):
+        vanilla = group[group.method == "vanilla"]
+        if vanilla.empty:
+            continue
+        for label, runs in group.groupby("method_label", sort=False):
+            common = sorted(set(runs.question_id) & set(vanilla.question_id), key=str)
+            mine = runs[runs.question_id.isin(common)]
+            base = vanilla[vanilla.question_id.isin(common)]
+            for subtask in ORDER:
+                sel = mine if subtask == "overall" else mine[mine.subtask == subtask]
+                ref = base if subtask == "overall" else base[base.subtask == subtask]
+                if sel.empty:
+                    continue
+                rows.append({"comparison_key": key, "model": runs.model.iloc[0], "method": runs.method.iloc[0],
+                             "method_label": label, "subtask": subtask, "max_new_tokens": runs.max_new_tokens.iloc[0],
+                             "repeat": runs.repeat.iloc[0], **_stats(sel, ref)})
+    return pd.DataFrame(rows)
+
+
+def _method_order(labels) -> list[str]:
+    return sorted(labels, key=lambda label: (label != "vanilla", label))
+
+
+def to_markdown(summary: pd.DataFrame, lossless: pd.DataFrame, errors: pd.DataFrame) -> str:
+    lines = ["# Speculative decoding report", ""]
+    if summary.empty:
+        return "\n".join(lines + ["No method has a vanilla run to compare with yet."]) + "\n"
+    for key, group in summary.groupby("comparison_key", sort=False):
+        first = group.iloc[0]
+        lines += [f"## {first['model']}, max_new_tokens={first['max_new_tokens']}, repeat {first['repeat']} "
+                  f"(comparison {key})", ""]
+        subtasks = [s for s in ORDER if s in set(group.subtask)]
+        methods = _method_order(group.method_label.unique())
+        for metric, title in (("speedup", "Speedup over vanilla (mean tokens/s ratio, Spec-Bench)"),
+                              ("mat", "Mean accepted tokens per step"),
+                              ("token_ratio_speedup", "Speedup as total tokens / total time")):
+            table = group.pivot(index="method_label", columns="subtask", values=metric)
+            table = table.reindex(index=methods, columns=subtasks).rename(columns=SUBTASK_TITLES)
+            lines += [f"**{title}**", "", table.to_markdown(floatfmt=".2f"), ""]
+        overall = group[group.subtask == "overall"].set_index("method_label").reindex(methods)
+        detail = pd.DataFrame({
+            "questions": overall.questions.astype(int),
+            "tokens/s": overall.tokens_per_s,
+            **{f"{part} %": 100 * overall[f"frac_{part}"] for part in PARTS},
+            "forward ms/step": overall.ms_per_step_forward,
+            "draft+tree ms/step": overall.ms_per_step_draft + overall.ms_per_step_tree,
+        })
+        if not lossless.empty:
+            mine = lossless[lossless.comparison_key == key].groupby("method_label").equal
+            detail["lossless"] = [f"{int(mine.sum()[m])}/{int(mine.count()[m])}" if m in mine.groups else "ref"
+                                  for m in methods]
+        lines += ["**Overall detail: throughput, share of wall time per part, losslessness**", "",
+                  detail.to_markdown(floatfmt=".1f"), ""]
+        if not lossless.empty:
+            diffs = lossless[(lossless.comparison_key == key) & ~lossless.equal]
+            for _, d in diffs.iterrows():
+                lines.append(f"- {d.method_label}: question {d.question_id} first differs from vanilla at turn "
+                             f"{int(d.first_diff_turn) + 1}, token {int(d.first_diff_position)}")
+            if not diffs.empty:
+                lines.append("")
+    if not errors.empty:
+        lines += ["## Questions that raised (left out of every statistic)", ""]
+        for _, e in errors.iterrows():
+            lines.append(f"- {e.model} {e.method_label} question {e.question_id}: {e.error}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def build(results_dir: str | Path, out_dir: str | Path) -> tuple[pd.DataFrame, str]:
+    df = load_runs(results_dir)
+    if df.empty:
+        return pd.DataFrame(), ""
+    summary = summarize(df)
+    lossless = lossless_table(df)
+    errors = df[df.status != "ok"]
+    markdown = to_markdown(summary, lossless, errors)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.md").write_text(markdown)
+    summary.to_csv(out / "report.csv", index=False, float_format="%.6g")
+    lossless.to_csv(out / "lossless.csv", index=False)
+    return summary, markdown
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results", default="results/runs", help="folder holding the run folders")
+    parser.add_argument("--out", default=None, help="where report.md/.csv go (default: the parent of --results)")
+    parser.add_argument("--quiet-if-empty", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    out = args.out or str(Path(args.results).parent)
+    summary, markdown = build(args.results, out)
+    if not markdown:
+        if not args.quiet_if_empty:
+            print(f"No runs under {args.results}")
+        return
+    print(markdown)
+    print(f"Written: {out}/report.md, report.csv, lossless.csv")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""Shared fixtures: the real embedded model (float32, CPU) and real Spec-Bench prompts, loaded once per session."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from evaluation.config import register_configs
+from evaluation.questions import SUBTASKS, load_questions, select_questions
+
+ROOT = Path(__file__).resolve().parent.parent
+CONF = ROOT / "conf"
+register_configs()
+
+
+def question_file() -> Path:
+    """data/ after `make data`, else the shared copy beside the repository."""
+    for candidate in (ROOT / "data" / "spec_bench" / "question.jsonl",
+                      ROOT.parent / "shared" / "data" / "spec_bench" / "question.jsonl"):
+        if candidate.is_file():
+            return candidate
+    pytest.skip("Spec-Bench questions not found: run `make data`")
+
+
+def compose_config(*overrides: str):
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONF)):
+        return compose("config", overrides=list(overrides))
+
+
+@pytest.fixture(scope="session")
+def spec_bench_file() -> Path:
+    return question_file()
+
+
+@functools.lru_cache(maxsize=1)
+def _embedded_model():
+    from evaluation.models import load_model
+
+    cfg = compose_config("model=smollm2-135m", "model.dtype=float32", "run.device=cpu")
+    return load_model(cfg.model, "cpu")
+
+
+@pytest.fixture(scope="session")
+def lm():
+    """SmolLM2-135M-Instruct, float32 on the CPU, through the same loader the runner uses."""
+    return _embedded_model()
+
+
+@pytest.fixture(scope="session")
+def lossless_prompts(lm, spec_bench_file, vanilla_reference):
+    """13 real Spec-Bench prompts: the first two questions of each subtask, plus the second turn of the first
+    multi-turn question, asked after vanilla's own answer to its first turn."""
+    from evaluation.templates import answer_text, build_prompt_ids
+
+    questions = select_questions(load_questions(spec_bench_file), list(SUBTASKS), 2)
+    prompts = {f"q{q.question_id}": build_prompt_ids(lm.tokenizer, lm.chat_template, [], q.turns[0])
+               for q in questions}
+    first = questions[0]
+    answer = answer_text(lm.tokenizer, vanilla_reference(prompts[f"q{first.question_id}"], LOSSLESS_TOKENS))
+    prompts[f"q{first.question_id}-turn2"] = build_prompt_ids(
+        lm.tokenizer, lm.chat_template, [(first.turns[0], answer)], first.turns[1])
+    return prompts
+
+
+LOSSLESS_TOKENS = 64
+
+
+@pytest.fixture(scope="session")
+def vanilla_reference(lm):
+    """vanilla_reference(prompt_ids, max_new_tokens) -> vanilla's token ids, computed once per prompt."""
+    from evaluation.engine import decode_turn, method_class
+
+    vanilla = method_class("vanilla")(None, lm)
+    cache: dict = {}
+
+    def reference(prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+        key = (tuple(prompt_ids), max_new_tokens)
+        if key not in cache:
+            cache[key] = decode_turn(lm, vanilla, prompt_ids, max_new_tokens).new_ids
+        return cache[key]
+
+    return reference
+
+
+@pytest.fixture(scope="session")
+def assert_lossless(lm, lossless_prompts, vanilla_reference):
+    """assert_lossless(method) decodes every lossless prompt and checks the ids equal vanilla's, token for token.
+    Returns the TurnResults by prompt name, for further checks (e.g. mean accepted tokens)."""
+    from evaluation.engine import decode_turn
+
+    def check(method, max_new_tokens: int = LOSSLESS_TOKENS) -> dict:
+        results, mismatches = {}, []
+        for name, prompt in lossless_prompts.items():
+            result = decode_turn(lm, method, prompt, max_new_tokens)
+            expected = vanilla_reference(prompt, max_new_tokens)
+            results[name] = result
+            if result.new_ids != expected:
+                at = next((i for i, (a, b) in enumerate(zip(result.new_ids, expected)) if a != b),
+                          min(len(result.new_ids), len(expected)))
+                mismatches.append(f"{name}: first difference at token {at}")
+            assert len(result.new_ids) <= max_new_tokens
+            assert sum(result.accept_lengths) == len(result.new_ids)
+        assert not mismatches, f"{type(method).__name__} differs from vanilla: {mismatches}"
+        return results
+
+    return check
