@@ -1,0 +1,84 @@
+"""Report arithmetic on small hand-made answer files with known results."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from evaluation import report
+from evaluation.engine.timing import PARTS
+
+
+def write_run(folder, method, key, answers, label=None):
+    folder.mkdir(parents=True)
+    manifest = {"method": method, "method_label": label or method, "model": "toy", "comparison_key": key,
+                "comparison": {"repeat": 0, "max_new_tokens": 16}}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    lines = []
+    for qid, subtask, tokens, seconds, steps, ids in answers:
+        if tokens is None:
+            lines.append({"question_id": qid, "subtask": subtask, "status": "error", "error": "boom", "choices": []})
+            continue
+        breakdown = dict.fromkeys(PARTS, 0.0)
+        breakdown.update(prefill=0.25 * seconds, forward=0.5 * seconds, draft=0.25 * seconds)
+        lines.append({"question_id": qid, "subtask": subtask, "status": "ok", "choices": [{
+            "new_tokens": [tokens], "wall_time": [seconds], "decoding_steps": [steps],
+            "accept_lengths": [1] * steps, "token_ids": [ids], "time_breakdown": [breakdown]}]})
+    (folder / "answers.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+
+@pytest.fixture
+def toy_results(tmp_path):
+    runs = tmp_path / "runs"
+    #                       qid  subtask        tokens seconds steps ids
+    write_run(runs / "v", "vanilla", "k1", [
+        (1, "qa", 10, 10.0, 10, [1, 2, 3]),
+        (2, "qa", 20, 10.0, 20, [4, 5]),
+        (3, "rag", 30, 10.0, 30, [6]),
+        (4, "rag", 5, 1.0, 5, [7]),
+    ])
+    write_run(runs / "m", "fast", "k1", [
+        (1, "qa", 10, 5.0, 4, [1, 2, 3]),       # 2 tok/s
+        (2, "qa", 20, 2.0, 5, [4, 9]),          # 10 tok/s, differs at token 1
+        (3, "rag", 30, 5.0, 10, [6]),           # 6 tok/s
+        (4, "rag", None, None, None, None),     # raised: left out on both sides
+    ])
+    write_run(runs / "other", "vanilla", "k2", [(1, "qa", 1, 1.0, 1, [1])])  # another comparison group
+    return tmp_path
+
+
+def test_speedup_mat_and_breakdown(toy_results):
+    df = report.load_runs(toy_results / "runs")
+    summary = report.summarize(df).set_index(["comparison_key", "method_label", "subtask"])
+    qa = summary.loc[("k1", "fast", "qa")]
+    # Spec-Bench speedup: mean of per-question tokens/s over vanilla's mean: (2 + 10)/2 / ((1 + 2)/2) = 4
+    assert qa.speedup == pytest.approx(4.0)
+    # total tokens / total time: (30/7) / (30/20)
+    assert qa.token_ratio_speedup == pytest.approx((30 / 7) / 1.5)
+    assert qa.mat == pytest.approx(30 / 9)
+    assert qa.frac_prefill == pytest.approx(0.25) and qa.frac_forward == pytest.approx(0.5)
+    assert qa.ms_per_step_forward == pytest.approx(1000 * 3.5 / 9)
+    overall = summary.loc[("k1", "fast", "overall")]
+    assert overall.questions == 3  # question 4 raised and is excluded on both sides
+    assert overall.speedup == pytest.approx(((2 + 10 + 6) / 3) / ((1 + 2 + 3) / 3))
+    assert summary.loc[("k1", "vanilla", "overall")].speedup == pytest.approx(1.0)
+    assert summary.loc[("k1", "vanilla", "overall")].mat == pytest.approx(1.0)
+
+
+def test_losslessness_and_errors_are_reported(toy_results):
+    summary, markdown = report.build(toy_results / "runs", toy_results)
+    lossless = report.lossless_table(report.load_runs(toy_results / "runs"))
+    assert lossless.equal.tolist() == [True, False, True]
+    bad = lossless[~lossless.equal].iloc[0]
+    assert (bad.question_id, bad.first_diff_turn, bad.first_diff_position) == (2, 0, 1)
+    assert "| fast" in markdown and "2/3" in markdown
+    assert "question 2 first differs from vanilla at turn 1, token 1" in markdown
+    assert "fast question 4: boom" in markdown
+    assert (toy_results / "report.csv").is_file() and (toy_results / "report.md").is_file()
+
+
+def test_first_difference():
+    assert report.first_difference([[1, 2], [3]], [[1, 2], [3]]) is None
+    assert report.first_difference([[1, 2], [3, 4]], [[1, 2], [3, 5]]) == (1, 1)
+    assert report.first_difference([[1, 2]], [[1, 2, 3]]) == (0, 2)
