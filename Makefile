@@ -8,7 +8,7 @@ WARMUP    ?= 1
 # Every method config in conf/method, vanilla first (each is compared with vanilla).
 METHODS ?= $(shell ls conf/method | sed 's/\.yaml$$//' | sort | awk '$$0=="vanilla"{print;next}{a=a","$$0}END{printf "%s", a}' | sed 's/^,//')
 
-.PHONY: help setup data test bench report bench-engine clean
+.PHONY: help setup data datastore test bench report figures ablations bench-engine clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -24,6 +24,9 @@ setup: .venv/.installed  ## create .venv and install the pinned dependencies
 data: setup  ## put the question sets under data/ (checked by sha256)
 	$(PY) -m evaluation.data
 
+datastore: setup  ## build REST's ShareGPT datastore for MODEL's tokenizer (cached; about 3 minutes)
+	$(PY) -m baselines.rest_datastore --model $(MODEL)
+
 test: setup data  ## run the test suite (CPU, real embedded model)
 	$(PY) -m pytest
 
@@ -34,6 +37,15 @@ bench: setup data  ## every method on a Spec-Bench slice, then the report
 
 report: setup  ## rebuild results/report.md and .csv from the saved runs
 	$(PY) -m evaluation.report
+
+figures: setup  ## Table 1, the published Spec-Bench table and the figures (results/figures) from the saved runs
+	$(PY) -m evaluation.figures
+
+ABLATIONS := $(sort $(basename $(notdir $(wildcard conf/experiment/ablation_*.yaml))))
+ablations: setup data  ## LogitSpec ablation sweeps (conf/experiment/ablation_*.yaml) into results/ablations
+	$(PY) run.py experiment=ablation_baseline
+	for sweep in $(filter-out ablation_baseline,$(ABLATIONS)); do $(PY) run.py experiment=$$sweep || exit 1; done
+	$(PY) -m evaluation.report --results results/ablations/runs --out results/ablations
 
 bench-engine: setup  ## forward latency against new tokens, and our vanilla loop against generate()
 	$(PY) -m evaluation.bench_engine

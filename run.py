@@ -18,8 +18,8 @@ def main(cfg) -> None:
     from evaluation import report, runner
 
     try:
-        folder = runner.run(cfg)
-        print(f"Answers: {folder}")
+        for folder in runner.run(cfg):
+            print(f"Answers: {folder}")
         if cfg.run.report:
             report.main(["--results", cfg.run.results_dir, "--quiet-if-empty"])
     except HarnessError as exc:

@@ -3,5 +3,9 @@
 import importlib
 import pkgutil
 
+# Modules that are commands (`python -m ...`), not methods: importing them here would make runpy warn.
+COMMANDS = {"rest_datastore"}
+
 for _module in pkgutil.iter_modules(__path__):
-    importlib.import_module(f"{__name__}.{_module.name}")
+    if _module.name not in COMMANDS:
+        importlib.import_module(f"{__name__}.{_module.name}")

@@ -46,7 +46,7 @@ class RunConfig:
     device: str = "auto"  # auto = CUDA when present, else CPU
     seed: int = 0
     results_dir: str = "results/runs"
-    repeat: int = 0  # index of a repeated run; each repeat gets its own results folder
+    repeats: int = 1  # whole-run repeats, each in its own results folder (Spec-Bench reports the mean of 3)
     progress: bool = True
     report: bool = True  # print the report of the results folder at the end
 

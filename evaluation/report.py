@@ -18,10 +18,12 @@ import argparse
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
+from scipy import stats
 
 from evaluation.engine.timing import PARTS
-from evaluation.questions import SUBTASK_TITLES
+from evaluation.questions import MT_BENCH_CATEGORIES, SUBTASK_TITLES
 
 ORDER = list(SUBTASK_TITLES)
 
@@ -48,10 +50,11 @@ def load_runs(results_dir: str | Path) -> pd.DataFrame:
                 "method": manifest["method"],
                 "method_label": manifest.get("method_label", manifest["method"]),
                 "comparison_key": manifest["comparison_key"],
+                "setting_key": manifest.get("setting_key", manifest["comparison_key"]),
                 "repeat": manifest["comparison"].get("repeat", 0),
                 "max_new_tokens": manifest["comparison"].get("max_new_tokens"),
                 "question_id": record["question_id"],
-                "subtask": record.get("subtask", record.get("category")),
+                "subtask": record.get("subtask") or _subtask(record.get("category", "")),
                 "status": record.get("status", "ok"),
                 "error": record.get("error"),
             }
@@ -68,6 +71,10 @@ def load_runs(results_dir: str | Path) -> pd.DataFrame:
                     row[f"t_{part}"] = sum(turn.get(part, 0.0) for turn in choice["time_breakdown"])
             rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _subtask(category: str) -> str:
+    return "mt_bench" if category in MT_BENCH_CATEGORIES else category
 
 
 def first_difference(ours: list[list[int]], reference: list[list[int]]) -> tuple[int, int] | None:
@@ -133,9 +140,48 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
                 ref = base if subtask == "overall" else base[base.subtask == subtask]
                 if sel.empty:
                     continue
-                rows.append({"comparison_key": key, "model": runs.model.iloc[0], "method": runs.method.iloc[0],
+                rows.append({"comparison_key": key, "setting_key": runs.setting_key.iloc[0],
+                             "model": runs.model.iloc[0], "method": runs.method.iloc[0],
                              "method_label": label, "subtask": subtask, "max_new_tokens": runs.max_new_tokens.iloc[0],
                              "repeat": runs.repeat.iloc[0], **_stats(sel, ref)})
+    return pd.DataFrame(rows)
+
+
+def across_repeats(summary: pd.DataFrame) -> pd.DataFrame:
+    """Mean, sample standard deviation and 95% confidence interval (Student t) of speedup and MAT over repeats."""
+    rows = []
+    for (setting, label, subtask), group in summary.groupby(["setting_key", "method_label", "subtask"], sort=False):
+        row = {"setting_key": setting, "model": group.model.iloc[0], "method_label": label, "subtask": subtask,
+               "max_new_tokens": group.max_new_tokens.iloc[0], "repeats": len(group)}
+        for metric in ("speedup", "mat", "tokens_per_s"):
+            values = group[metric]
+            half = (stats.t.ppf(0.975, len(values) - 1) * values.std(ddof=1) / np.sqrt(len(values))
+                    if len(values) > 1 else np.nan)
+            row.update({metric: values.mean(), f"{metric}_std": values.std(ddof=1) if len(values) > 1 else np.nan,
+                        f"{metric}_ci95": half})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def paired_tests(df: pd.DataFrame) -> pd.DataFrame:
+    """Per setting, each method against vanilla over the same questions: tokens/s averaged over repeats per
+    question, then the Wilcoxon signed-rank test and the paired t-test on log tokens/s."""
+    rows = []
+    ok = df[df.status == "ok"].assign(tps=lambda d: d.new_tokens / d.wall_time)
+    for setting, group in ok.groupby("setting_key"):
+        per_question = group.groupby(["method_label", "question_id"]).tps.mean().unstack(0)
+        if "vanilla" not in per_question:
+            continue
+        for label in per_question.columns.drop("vanilla"):
+            pair = per_question[["vanilla", label]].dropna()
+            if len(pair) < 2:
+                continue
+            diff = np.log(pair[label]) - np.log(pair["vanilla"])
+            rows.append({"setting_key": setting, "model": group.model.iloc[0], "method_label": label,
+                         "questions": len(pair), "mean_speedup_per_question": float(np.exp(diff.mean())),
+                         "faster_questions": int((diff > 0).sum()),
+                         "wilcoxon_p": float(stats.wilcoxon(diff).pvalue) if diff.abs().sum() > 0 else 1.0,
+                         "paired_t_p": float(stats.ttest_rel(np.log(pair[label]), np.log(pair["vanilla"])).pvalue)})
     return pd.DataFrame(rows)
 
 
@@ -143,10 +189,32 @@ def _method_order(labels) -> list[str]:
     return sorted(labels, key=lambda label: (label != "vanilla", label))
 
 
-def to_markdown(summary: pd.DataFrame, lossless: pd.DataFrame, errors: pd.DataFrame) -> str:
+def to_markdown(summary: pd.DataFrame, lossless: pd.DataFrame, errors: pd.DataFrame,
+                repeated: pd.DataFrame | None = None, tests: pd.DataFrame | None = None,
+                unmatched: list[str] = ()) -> str:
     lines = ["# Speculative decoding report", ""]
+    if unmatched:
+        lines += ["Runs without a vanilla run of the same settings (not compared): " + ", ".join(unmatched), ""]
     if summary.empty:
         return "\n".join(lines + ["No method has a vanilla run to compare with yet."]) + "\n"
+    if repeated is not None and not repeated.empty and repeated.repeats.max() > 1:
+        lines += ["## Across repeats: mean ± standard deviation [95% confidence interval half-width]", ""]
+        for setting, group in repeated.groupby("setting_key", sort=False):
+            first = group.iloc[0]
+            subtasks = [s for s in ORDER if s in set(group.subtask)]
+            methods = _method_order(group.method_label.unique())
+            cell = group.assign(text=[f"{m:.2f} ± {sd:.2f} [{ci:.2f}]" for m, sd, ci
+                                      in zip(group.speedup, group.speedup_std, group.speedup_ci95)])
+            table = cell.pivot(index="method_label", columns="subtask", values="text")
+            table = table.reindex(index=methods, columns=subtasks).rename(columns=SUBTASK_TITLES)
+            lines += [f"**Speedup, {first['model']}, max_new_tokens={first['max_new_tokens']}, "
+                      f"{int(group.repeats.max())} repeats (setting {setting})**", "", table.to_markdown(), ""]
+            if tests is not None and not tests.empty:
+                mine = tests[tests.setting_key == setting]
+                if not mine.empty:
+                    lines += ["**Paired tests against vanilla over questions (tokens/s, mean over repeats)**", "",
+                              mine.drop(columns=["setting_key", "model"]).to_markdown(index=False, floatfmt=".3g"),
+                              ""]
     for key, group in summary.groupby("comparison_key", sort=False):
         first = group.iloc[0]
         lines += [f"## {first['model']}, max_new_tokens={first['max_new_tokens']}, repeat {first['repeat']} "
@@ -195,12 +263,20 @@ def build(results_dir: str | Path, out_dir: str | Path) -> tuple[pd.DataFrame, s
     summary = summarize(df)
     lossless = lossless_table(df)
     errors = df[df.status != "ok"]
-    markdown = to_markdown(summary, lossless, errors)
+    repeated = across_repeats(summary) if not summary.empty else pd.DataFrame()
+    tests = paired_tests(df)
+    with_vanilla = set(df[df.method == "vanilla"].comparison_key)
+    unmatched = sorted({f"{r.model} {r.method_label}" for r in df.itertuples() if r.comparison_key not in with_vanilla})
+    markdown = to_markdown(summary, lossless, errors, repeated, tests, unmatched)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.md").write_text(markdown)
     summary.to_csv(out / "report.csv", index=False, float_format="%.6g")
     lossless.to_csv(out / "lossless.csv", index=False)
+    if not repeated.empty:
+        repeated.to_csv(out / "report_repeats.csv", index=False, float_format="%.6g")
+    if not tests.empty:
+        tests.to_csv(out / "paired_tests.csv", index=False, float_format="%.6g")
     return summary, markdown
 
 

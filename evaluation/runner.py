@@ -131,7 +131,7 @@ def answer_question(lm, method, question, max_new_tokens: int) -> dict:
     return choice
 
 
-def run_identity(cfg, lm, options, question_sha: str) -> tuple[dict, dict]:
+def run_identity(cfg, lm, options, question_sha: str, repeat: int) -> tuple[dict, dict]:
     """What makes two runs comparable (`comparison`) and what makes a run itself (`comparison` + method)."""
     comparison = {
         "model": cfg.model.name,
@@ -142,7 +142,7 @@ def run_identity(cfg, lm, options, question_sha: str) -> tuple[dict, dict]:
         "subtasks": list(cfg.bench.subtasks) if cfg.bench.subtasks else None,
         "questions_per_subtask": cfg.bench.questions_per_subtask,
         "max_new_tokens": cfg.bench.max_new_tokens,
-        "repeat": cfg.run.repeat,
+        "repeat": repeat,
     }
     run = {**comparison, "method": cfg.method.name, "options": asdict(options)}
     return comparison, run
@@ -158,8 +158,8 @@ def check_prompts_fit(lm, questions) -> None:
             )
 
 
-def run(cfg) -> Path:
-    """Answer the selected questions with the configured method; return the run folder."""
+def run(cfg) -> list[Path]:
+    """Answer the selected questions with the configured method, `run.repeats` times; return the run folders."""
     cls = method_class(cfg.method.name)
     options = method_options(cls, cfg.method)
     question_file = Path(cfg.bench.question_file)
@@ -174,7 +174,14 @@ def run(cfg) -> Path:
     method = cls(options, lm)
 
     question_sha = file_sha256(question_file)
-    comparison, identity = run_identity(cfg, lm, options, question_sha)
+    return [run_once(cfg, lm, method, options, questions, question_sha, repeat) for repeat in range(cfg.run.repeats)]
+
+
+def run_once(cfg, lm, method, options, questions, question_sha: str, repeat: int) -> Path:
+    """One pass over the questions into the folder of this run's identity, resuming what is there."""
+    question_file = Path(cfg.bench.question_file)
+    comparison, identity = run_identity(cfg, lm, options, question_sha, repeat)
+    setting = {k: v for k, v in comparison.items() if k != "repeat"}
     label = cfg.method.name + "".join(f",{k}={v}" for k, v in non_default_options(options).items())
     folder = Path(cfg.run.results_dir) / cfg.model.name / f"{cfg.method.name}-{_digest(identity)}"
     folder.mkdir(parents=True, exist_ok=True)
@@ -184,6 +191,7 @@ def run(cfg) -> Path:
         "method_label": label,
         "model": cfg.model.name,
         "comparison_key": _digest(comparison),
+        "setting_key": _digest(setting),
         "comparison": comparison,
         "options": asdict(options),
         "question_file": str(question_file),
@@ -208,7 +216,8 @@ def run(cfg) -> Path:
         answer_question(lm, method, questions[0], cfg.bench.max_new_tokens)
 
     tokens = seconds = steps = 0
-    bar = tqdm(todo, desc=f"{cfg.model.name} {label}", unit="q", disable=not cfg.run.progress)
+    desc = f"{cfg.model.name} {label}" + (f" repeat {repeat + 1}/{cfg.run.repeats}" if cfg.run.repeats > 1 else "")
+    bar = tqdm(todo, desc=desc, unit="q", disable=not cfg.run.progress)
     for question in bar:
         record = {"question_id": question.question_id, "category": question.category, "subtask": question.subtask,
                   "answer_id": uuid.uuid4().hex[:22], "model_id": cfg.model.name, "method": cfg.method.name}

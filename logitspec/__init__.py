@@ -6,5 +6,9 @@ Importing the package imports every module in it, which registers the method.
 import importlib
 import pkgutil
 
+# Modules that are commands (`python -m ...`), not methods: importing them here would make runpy warn.
+COMMANDS = {"motivation"}
+
 for _module in pkgutil.iter_modules(__path__):
-    importlib.import_module(f"{__name__}.{_module.name}")
+    if _module.name not in COMMANDS:
+        importlib.import_module(f"{__name__}.{_module.name}")

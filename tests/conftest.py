@@ -66,6 +66,8 @@ def lossless_prompts(lm, spec_bench_file, vanilla_reference):
 
 
 LOSSLESS_TOKENS = 64
+# The first question of each subtask, plus the second turn: for variants of a method checked on all 13 prompts.
+ONE_PER_SUBTASK = ("q81", "q81-turn2", "q161", "q241", "q321", "q401", "q481")
 
 
 @pytest.fixture(scope="session")
@@ -88,12 +90,14 @@ def vanilla_reference(lm):
 @pytest.fixture(scope="session")
 def assert_lossless(lm, lossless_prompts, vanilla_reference):
     """assert_lossless(method) decodes every lossless prompt and checks the ids equal vanilla's, token for token.
+    `names` picks a subset (e.g. ONE_PER_SUBTASK for variants of a method already checked on all of them).
     Returns the TurnResults by prompt name, for further checks (e.g. mean accepted tokens)."""
     from evaluation.engine import decode_turn
 
-    def check(method, max_new_tokens: int = LOSSLESS_TOKENS) -> dict:
+    def check(method, max_new_tokens: int = LOSSLESS_TOKENS, names=None) -> dict:
         results, mismatches = {}, []
-        for name, prompt in lossless_prompts.items():
+        for name in names or lossless_prompts:
+            prompt = lossless_prompts[name]
             result = decode_turn(lm, method, prompt, max_new_tokens)
             expected = vanilla_reference(prompt, max_new_tokens)
             results[name] = result

@@ -10,10 +10,10 @@ from evaluation import report
 from evaluation.engine.timing import PARTS
 
 
-def write_run(folder, method, key, answers, label=None):
+def write_run(folder, method, key, answers, label=None, setting=None, repeat=0):
     folder.mkdir(parents=True)
     manifest = {"method": method, "method_label": label or method, "model": "toy", "comparison_key": key,
-                "comparison": {"repeat": 0, "max_new_tokens": 16}}
+                "setting_key": setting or key, "comparison": {"repeat": repeat, "max_new_tokens": 16}}
     (folder / "manifest.json").write_text(json.dumps(manifest))
     lines = []
     for qid, subtask, tokens, seconds, steps, ids in answers:
@@ -82,3 +82,31 @@ def test_first_difference():
     assert report.first_difference([[1, 2], [3]], [[1, 2], [3]]) is None
     assert report.first_difference([[1, 2], [3, 4]], [[1, 2], [3, 5]]) == (1, 1)
     assert report.first_difference([[1, 2]], [[1, 2, 3]]) == (0, 2)
+
+
+def test_repeats_give_mean_spread_confidence_interval_and_paired_tests(tmp_path):
+    runs = tmp_path / "runs"
+    questions = [(q, "qa") for q in range(1, 7)]
+    # Vanilla: 10 tok/s everywhere. The method: 20 tok/s in repeat 0, 30 tok/s in repeat 1.
+    for repeat, method_seconds in ((0, 0.5), (1, 1 / 3)):
+        write_run(runs / f"v{repeat}", "vanilla", f"k{repeat}", [(q, s, 10, 1.0, 10, [q]) for q, s in questions],
+                  setting="S", repeat=repeat)
+        write_run(runs / f"m{repeat}", "fast", f"k{repeat}",
+                  [(q, s, 10, method_seconds * (1 + q / 100), 5, [q]) for q, s in questions], setting="S",
+                  repeat=repeat)
+    df = report.load_runs(runs)
+    repeated = report.across_repeats(report.summarize(df)).set_index(["method_label", "subtask"])
+    row = repeated.loc[("fast", "overall")]
+    assert row.repeats == 2
+    per_repeat = [sum(10 / (s * (1 + q / 100)) for q in range(1, 7)) / 6 / 10 for s in (0.5, 1 / 3)]
+    assert row.speedup == pytest.approx(sum(per_repeat) / 2)
+    assert row.speedup_std == pytest.approx(abs(per_repeat[0] - per_repeat[1]) / 2 ** 0.5)
+    assert row.speedup_ci95 == pytest.approx(12.7062 * row.speedup_std / 2 ** 0.5, rel=1e-4)  # t(0.975, 1)
+    tests = report.paired_tests(df).iloc[0]
+    assert tests.questions == 6 and tests.faster_questions == 6
+    ratios = [(20 / (1 + q / 100) + 30 / (1 + q / 100)) / 2 / 10 for q in range(1, 7)]
+    geometric = float(__import__("numpy").exp(__import__("numpy").log(ratios).mean()))
+    assert tests.mean_speedup_per_question == pytest.approx(geometric)
+    assert tests.wilcoxon_p < 0.05
+    _, markdown = report.build(runs, tmp_path)
+    assert "Across repeats" in markdown and f"{row.speedup:.2f} ± {row.speedup_std:.2f}" in markdown

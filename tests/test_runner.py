@@ -79,7 +79,7 @@ QUESTIONS = [
 def test_run_writes_answers_and_resumes_after_a_kill(lm, tmp_path):
     qfile = write_questions(tmp_path / "q.jsonl", QUESTIONS)
     cfg = small_config(tmp_path, qfile)
-    folder = runner.run(cfg)
+    [folder] = runner.run(cfg)
     answers = folder / "answers.jsonl"
     lines = [json.loads(line) for line in answers.read_text().splitlines()]
     assert [line["question_id"] for line in lines] == [1, 2, 3]
@@ -97,7 +97,7 @@ def test_run_writes_answers_and_resumes_after_a_kill(lm, tmp_path):
     data = answers.read_bytes()
     cut = data.rfind(b"\n", 0, len(data) - 1) + 1
     answers.write_bytes(data[: cut + 25])
-    assert runner.run(cfg) == folder
+    assert runner.run(cfg) == [folder]
     again = [json.loads(line) for line in answers.read_text().splitlines()]
     assert [line["question_id"] for line in again] == [1, 2, 3]
     assert again[:2] == lines[:2]  # answered questions are not redone

@@ -1,0 +1,105 @@
+"""LogitSpec (smart-lty/LogitSpec): the last logit's top-k guess the next-next token; n-gram retrieval extends them.
+
+Per step the draft is a star of chains below the pending token r (= argmax of the last logits):
+  1. the continuation of r itself, from the longest n-gram match on the committed tokens;
+  2. for each top-k token t != r of the last logits, in rank order: [t] + the pool's continuation of (ctx + [t]),
+     cut to a rank-dependent length, until the tree holds `draft_tree_capacity` nodes (r included).
+See docs/logitspec.md and section 4 of docs/methods.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from evaluation.engine.method import DecodeState, Method, StepOutcome
+from evaluation.engine.registry import register_method
+from evaluation.engine.tree import DraftTree
+from logitspec.pool import Pool
+
+
+@dataclass
+class LogitSpecConfig:
+    max_ngram_size: int = 3  # N: longest n-gram in the pool (lookups try N..1)
+    num_pred_tokens: int = 20  # K: continuation length stored per n-gram
+    draft_tree_capacity: int = 64  # C: tree nodes, the pending token included
+    topk: Optional[int] = None  # logit candidates read from the last logits; None = C
+    # A candidate of rank <= rank_thresholds[j] (rank 0 = the argmax) gets a branch of at most branch_lengths[j]
+    # tokens, itself included; later ranks get branch_lengths[-1]. Upstream hard-codes 4 / 3 / 1 at 8 / 32.
+    branch_lengths: list[int] = field(default_factory=lambda: [4, 3, 1])
+    rank_thresholds: list[int] = field(default_factory=lambda: [8, 32])
+    next_next: bool = True  # false: only the retrieval continuation of the root (no logit branches)
+    upstream_update_window: bool = False  # true: rescan only the last 2K positions per update, as upstream
+
+
+@register_method("logitspec")
+class LogitSpec(Method):
+    Config = LogitSpecConfig
+
+    def __init__(self, config: LogitSpecConfig, model):
+        super().__init__(config, model)
+        if config.draft_tree_capacity < 1:
+            raise ValueError("draft_tree_capacity must be >= 1")
+        if len(config.branch_lengths) != len(config.rank_thresholds) + 1 or min(config.branch_lengths) < 1:
+            raise ValueError("branch_lengths needs one entry (>= 1) more than rank_thresholds")
+        # Branch length by rank, precomputed once: rank -> max tokens.
+        k = config.topk if config.topk is not None else config.draft_tree_capacity
+        self._topk = k if config.next_next else 0
+        self._length_of_rank = [self._branch_length(rank) for rank in range(max(self._topk, 1))]
+        self.pool = self._new_pool()
+
+    def _new_pool(self) -> Pool:
+        c = self.config
+        return Pool(c.max_ngram_size, c.num_pred_tokens, c.upstream_update_window)
+
+    def _branch_length(self, rank: int) -> int:
+        for threshold, length in zip(self.config.rank_thresholds, self.config.branch_lengths):
+            if rank <= threshold:
+                return length
+        return self.config.branch_lengths[-1]
+
+    @property
+    def max_nodes(self) -> int:
+        return self.config.draft_tree_capacity - 1
+
+    def reset(self, prompt_ids: list[int]) -> None:
+        # The pool holds the committed tokens without the pending one, as upstream (r is added only once accepted).
+        self.pool.build(prompt_ids)
+
+    def update(self, state: DecodeState, outcome: StepOutcome) -> None:
+        self.pool.extend(state.tokens[len(self.pool.seq):-1])
+
+    def draft(self, state: DecodeState) -> DraftTree:
+        room_total = self.config.draft_tree_capacity - 1  # draft tokens allowed below the root
+        if room_total <= 0:
+            return DraftTree()
+        tokens, pool = state.tokens, self.pool
+        root = tokens[-1]
+        branches: list[list[int]] = []
+        used = 0
+
+        # (1) the root's own continuation; cut to the capacity (upstream never needs to: K < C there).
+        cont = pool.lookup(tokens)
+        if cont:
+            branches.append(cont[:room_total])
+            used = len(branches[0])
+
+        # (2) next-next branches from the last logits, best rank first (rank 0, normally the root, is skipped).
+        if self._topk and used < room_total:
+            logits = state.last_logits
+            candidates = torch.topk(logits, min(self._topk, logits.shape[-1])).indices.tolist()
+            lengths = self._length_of_rank
+            for rank, t in enumerate(candidates):
+                if t == root:
+                    continue
+                limit = lengths[rank]
+                seq = [t] + pool.lookup(tokens, extra=t)[: limit - 1] if limit > 1 else [t]
+                room = room_total - used
+                if len(seq) >= room:
+                    branches.append(seq[:room])
+                    break
+                branches.append(seq)
+                used += len(seq)
+        return DraftTree.star_of_chains(branches)
