@@ -419,8 +419,17 @@ def plot_motivation(data: pd.DataFrame, title: str = ""):
             name = SUBTASK_TITLES.get(subtask, str(subtask)) + (f" ({sv})" if style_col else "")
             ax.plot(curve.index, curve.values, styles[j % len(styles)], marker="o", markersize=3,
                     color=SUBTASK_COLOURS.get(subtask, "#333333"), label=name)
+    if "ngram_hit_rate" in data and data.subtask.isin(["all"]).any():
+        # The comparison the paper draws: how often plain n-gram retrieval finds the same token.
+        rate = data[data.subtask == "all"].ngram_hit_rate.iloc[0]
+        rate = rate * 100 if rate <= 1.0 else rate
+        ax.axhline(rate, color="#333333", linestyle="--", linewidth=1,
+                   label=f"n-gram retrieval, all subtasks ({rate:.0f}%)")
     if data.k.min() > 0 and data.k.max() / data.k.min() >= 20:
         ax.set_xscale("log")
+        ticks = sorted(data.k.unique())
+        ax.set_xticks(ticks, [str(t) for t in ticks])
+        ax.minorticks_off()
     ax.set_xlabel("k (top-k candidates of the last logits)")
     ax.set_ylabel("hit rate (%)")
     ax.set_ylim(0, 100)
@@ -431,11 +440,76 @@ def plot_motivation(data: pd.DataFrame, title: str = ""):
 
 
 def find_motivation(results_dir: str | Path) -> list[Path]:
-    """CSV files of results/motivation (beside the runs folder), sorted."""
-    return sorted((Path(results_dir).parent / "motivation").glob("*.csv"))
+    """CSV files of results/motivation (beside the runs folder): `combined.csv` (all subtasks) when present,
+    else every CSV there, sorted."""
+    folder = Path(results_dir).parent / "motivation"
+    combined = folder / "combined.csv"
+    return [combined] if combined.is_file() else sorted(folder.glob("*.csv"))
 
 
 # ---------------------------------------------------------------- everything
+
+
+# ---------------------------------------------------------------- LogitSpec ablations
+
+ABLATED_OPTIONS = ("draft_tree_capacity", "max_ngram_size", "num_pred_tokens", "next_next")
+
+
+def ablation_table(df: pd.DataFrame, method: str = "logitspec") -> pd.DataFrame:
+    """Overall speedup and MAT of `method` per ablated option value, mean over repeats.
+
+    A run whose options are all defaults counts at the default value of every option; a run with exactly one
+    option off its default counts for that option. Options come from each run's manifest.
+    """
+    summary = summarize_settings(df)
+    if summary.empty:
+        return pd.DataFrame()
+    rows = summary[(summary.method == method) & (summary.subtask == "overall")]
+    options = {}
+    for run_dir in df[df.method == method].run_dir.unique():
+        manifest = json.loads((Path(run_dir) / "manifest.json").read_text())
+        label = manifest.get("method_label", method)
+        options[label] = manifest.get("options", {})
+    defaults = options.get(method)
+    if defaults is None:
+        return pd.DataFrame()
+    records = []
+    for (setting, label), group in rows.groupby(["setting", "method_label"], sort=True):
+        opts = options.get(label, {})
+        changed = [k for k in ABLATED_OPTIONS if k in opts and opts[k] != defaults.get(k)]
+        others = [k for k in opts if k not in ABLATED_OPTIONS and opts[k] != defaults.get(k)]
+        if others or len(changed) > 1:
+            continue
+        for option in (changed or [k for k in ABLATED_OPTIONS if k in opts]):
+            records.append({"setting": setting, "option": option, "value": str(opts[option]),
+                            "sort": float(opts[option]), "speedup": group.speedup.mean(), "mat": group.mat.mean(),
+                            "repeats": len(group)})
+    if not records:
+        return pd.DataFrame()
+    table = pd.DataFrame(records).sort_values(["setting", "option", "sort"]).drop(columns="sort")
+    return table.reset_index(drop=True)
+
+
+def plot_ablations(table: pd.DataFrame, title: str = ""):
+    """One panel per ablated option: speedup (left axis) and MAT (right axis) against the option's value."""
+    options = [o for o in ABLATED_OPTIONS if o in set(table.option)]
+    fig, axes = plt.subplots(1, len(options), figsize=(3.6 * len(options), 3.4), squeeze=False)
+    for ax, option in zip(axes[0], options):
+        rows = table[table.option == option]
+        x = np.arange(len(rows))
+        ax.plot(x, rows.speedup, "o-", color=METHOD_COLOURS.get("logitspec", "C0"), label="speedup")
+        ax.axhline(1.0, color="grey", linewidth=0.8, linestyle=":")
+        ax.set_xticks(x, rows.value)
+        ax.set_xlabel(option)
+        ax.set_ylabel("speedup over vanilla (x)")
+        twin = ax.twinx()
+        twin.plot(x, rows.mat, "s--", color="black", label="MAT")
+        twin.set_ylabel("mean accepted tokens per step")
+        if option == options[0]:
+            ax.legend(handles=ax.get_lines()[:1] + twin.get_lines(), fontsize=8, loc="best")
+    fig.suptitle(f"LogitSpec ablations{': ' + title if title else ''}", fontsize=10)
+    fig.tight_layout()
+    return fig
 
 
 def _write_csv(table: pd.DataFrame, path: Path) -> None:
@@ -461,7 +535,8 @@ def _latex(shown: pd.DataFrame, caption: str, label: str) -> str:
                          column_format="l" + "r" * (body.shape[1] - 1))
 
 
-OUTPUT_PATTERNS = ("table1.md", "table1.tex", "table1.csv", "published_specbench.csv", "breakdown_*.png",
+OUTPUT_PATTERNS = ("table1.md", "table1.tex", "table1.csv", "published_specbench.csv", "ablations_*.csv",
+                   "ablations_*.png", "ablations_*.pdf", "breakdown_*.png",
                    "breakdown_*.pdf", "acceptance_*.png", "acceptance_*.pdf", "motivation_*.png", "motivation_*.pdf")
 
 
@@ -547,13 +622,25 @@ def build_all(results_dir: str | Path, out_dir: str | Path, published_csv: str |
                         f"P(accepted length > d) per draft depth d, per method; all entries of accept_lengths, "
                         f"each turn's prefill step (length 1) included since turns can't be told apart; {title}.")
 
+    ablations = ablation_table(df) if not df.empty else pd.DataFrame()
+    for setting in (ablations.setting.unique() if not ablations.empty else []):
+        rows = ablations[ablations.setting == setting]
+        if rows.option.nunique() < 1 or len(rows) <= rows.option.nunique():
+            continue  # only default runs: nothing was varied
+        title = summary[summary.setting == setting].setting_title.iloc[0]
+        _write_csv(rows.drop(columns="setting"), out / f"ablations_{setting}.csv")
+        written += [out / f"ablations_{setting}.csv", *_save(plot_ablations(rows, title), out / f"ablations_{setting}")]
+        captions.append(f"- `ablations_{setting}.png/.pdf/.csv`: LogitSpec's overall speedup and MAT against "
+                        f"each ablated option (others at their defaults); {title}.")
+
     motivation = list(motivation) if motivation else find_motivation(results_dir)
     for path in motivation:
         path = Path(path)
         if not path.is_file():
             md += [f"(Motivation figure skipped: {path} not found.)", ""]
             continue
-        written += _save(plot_motivation(load_motivation(path), title=path.stem), out / f"motivation_{path.stem}")
+        title = "all subtasks" if path.stem == "combined" else path.stem
+        written += _save(plot_motivation(load_motivation(path), title=title), out / f"motivation_{path.stem}")
         captions.append(f"- `motivation_{path.stem}.png/.pdf`: hit rate (%) of the next-next token among the top-k "
                         f"of the last logits, against k, per subtask (from `{path}`).")
     if not motivation:

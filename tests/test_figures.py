@@ -161,3 +161,25 @@ def test_no_runs(tmp_path):
                                 motivation=[tmp_path / "missing_motivation.csv"])
     assert written == [tmp_path / "out" / "table1.md"]
     assert "No method has a vanilla run" in written[0].read_text()
+
+
+def test_ablation_table_and_figure(tmp_path):
+    root = tmp_path / "runs"
+    write_run(root / "v", "vanilla", "k", 0, [(1, "qa", 10, 10.0, ones(10))])  # 1 tok/s
+    defaults = {"draft_tree_capacity": 64, "max_ngram_size": 3, "num_pred_tokens": 20, "next_next": True}
+    variants = {"logitspec": ({}, 2.0), "logitspec,draft_tree_capacity=16": ({"draft_tree_capacity": 16}, 5.0),
+                "logitspec,next_next=False": ({"next_next": False}, 10.0)}
+    for i, (label, (changed, seconds)) in enumerate(variants.items()):
+        folder = root / f"l{i}"
+        write_run(folder, "logitspec", "k", 0, [(1, "qa", 10, seconds, [1, 4, 5])], label=label)
+        manifest = json.loads((folder / "manifest.json").read_text())
+        manifest["options"] = {**defaults, **changed}
+        (folder / "manifest.json").write_text(json.dumps(manifest))
+    table = figures.ablation_table(figures.with_settings(figures.report.load_runs(root)))
+    capacity = table[table.option == "draft_tree_capacity"]
+    assert capacity.value.tolist() == ["16", "64"]
+    assert capacity.speedup.tolist() == pytest.approx([2.0, 5.0])  # 10 tokens in 5 s and 2 s, vanilla 1 tok/s
+    assert table[table.option == "next_next"].set_index("value").speedup.to_dict() == pytest.approx(
+        {"False": 1.0, "True": 5.0})
+    written = figures.build_all(root, tmp_path / "out")
+    assert any(p.name.startswith("ablations_") and p.suffix == ".png" for p in written)
