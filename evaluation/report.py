@@ -241,6 +241,16 @@ def to_markdown(summary: pd.DataFrame, lossless: pd.DataFrame, errors: pd.DataFr
                                   for m in methods]
         lines += ["**Overall detail: throughput, share of wall time per part, losslessness**", "",
                   detail.to_markdown(floatfmt=".1f"), ""]
+        per_subtask = group[group.subtask != "overall"].assign(
+            order=lambda d: d.method_label.map(methods.index) * 10 + d.subtask.map(ORDER.index))
+        per_subtask = per_subtask.sort_values("order")
+        breakdown = pd.DataFrame({
+            "method": per_subtask.method_label, "subtask": per_subtask.subtask.map(SUBTASK_TITLES),
+            **{f"{part} %": 100 * per_subtask[f"frac_{part}"] for part in PARTS},
+            **{f"{part} ms/step": per_subtask[f"ms_per_step_{part}"] for part in PARTS if part != "prefill"},
+        })
+        lines += ["**Time breakdown per subtask: share of wall time, and milliseconds per decoding step**", "",
+                  breakdown.to_markdown(index=False, floatfmt=".1f"), ""]
         if not lossless.empty:
             diffs = lossless[(lossless.comparison_key == key) & ~lossless.equal]
             for _, d in diffs.iterrows():
