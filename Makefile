@@ -6,6 +6,9 @@ MODEL   ?= smollm2-135m
 QUESTIONS ?= 1
 MAX_NEW   ?= 128
 WARMUP    ?= 1
+# Whole-run repeats, run in rounds (every method once, then every method again) so that drift of the
+# machine over the hour falls on all methods alike; finished repeats are resumed, not redone.
+REPEATS   ?= 3
 # Every method config in conf/method, vanilla first (each is compared with vanilla).
 METHODS ?= vanilla,$(shell ls conf/method | sed -n 's/\.yaml$$//p' | grep -vx vanilla | paste -sd, -)
 
@@ -31,9 +34,11 @@ datastore: setup  ## build REST's ShareGPT datastore for MODEL's tokenizer (cach
 test: setup data  ## run the test suite (CPU, real embedded model)
 	$(PY) -m pytest
 
-bench: setup data  ## every method on a Spec-Bench slice, then the report
-	$(PY) run.py -m model=$(MODEL) method=$(METHODS) bench.questions_per_subtask=$(QUESTIONS) \
-		bench.max_new_tokens=$(MAX_NEW) bench.warmup=$(WARMUP) run.report=false
+bench: setup data  ## every method on a Spec-Bench slice, REPEATS times, then the report
+	for round in $$(seq 1 $(REPEATS)); do \
+		$(PY) run.py -m model=$(MODEL) method=$(METHODS) bench.questions_per_subtask=$(QUESTIONS) \
+			bench.max_new_tokens=$(MAX_NEW) bench.warmup=$(WARMUP) run.repeats=$$round run.report=false || exit 1; \
+	done
 	$(PY) -m evaluation.report
 
 report: setup  ## rebuild results/report.md and .csv from the saved runs

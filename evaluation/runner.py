@@ -185,7 +185,14 @@ def run_once(cfg, lm, method, options, questions, question_sha: str, repeat: int
     label = cfg.method.name + "".join(f",{k}={v}" for k, v in non_default_options(options).items())
     folder = Path(cfg.run.results_dir) / cfg.model.name / f"{cfg.method.name}-{_digest(identity)}"
     folder.mkdir(parents=True, exist_ok=True)
+    answers = AnswerFile(folder / ANSWERS)
+    done = {record["question_id"] for record in answers.read()}
+    todo = [q for q in questions if q.question_id not in done]
+    manifest_path = folder / "manifest.json"
+    if not todo and manifest_path.exists():  # finished earlier: its provenance stays as it was written
+        return folder
     OmegaConf.save(cfg, folder / "config.yaml", resolve=True)
+    now = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     manifest = {
         "method": cfg.method.name,
         "method_label": label,
@@ -198,17 +205,15 @@ def run_once(cfg, lm, method, options, questions, question_sha: str, repeat: int
         "seed": cfg.run.seed,
         "warmup": cfg.bench.warmup,
         "environment": environment(lm),
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "started": now,
     }
-    (folder / "manifest.json").write_text(json.dumps(manifest, indent=1))
-
-    answers = AnswerFile(folder / ANSWERS)
-    done = {record["question_id"] for record in answers.read()}
-    todo = [q for q in questions if q.question_id not in done]
+    if done and manifest_path.exists():  # a resumed run keeps when it started and lists when it resumed
+        earlier = json.loads(manifest_path.read_text())
+        manifest["started"] = earlier.get("started", now)
+        manifest["resumed"] = [*earlier.get("resumed", []), now]
+    manifest_path.write_text(json.dumps(manifest, indent=1))
     if done:
         print(f"Resuming {folder}: {len(done)} answered, {len(todo)} to go", flush=True)
-    if not todo:
-        return folder
 
     random.seed(cfg.run.seed)
     torch.manual_seed(cfg.run.seed)

@@ -101,6 +101,13 @@ def test_run_writes_answers_and_resumes_after_a_kill(lm, tmp_path):
     again = [json.loads(line) for line in answers.read_text().splitlines()]
     assert [line["question_id"] for line in again] == [1, 2, 3]
     assert again[:2] == lines[:2]  # answered questions are not redone
+    resumed = json.loads((folder / "manifest.json").read_text())
+    assert resumed["started"] == manifest["started"] and len(resumed["resumed"]) == 1
+
+    # Once finished, running again changes nothing, not even the manifest.
+    before = {name: (folder / name).read_bytes() for name in ("manifest.json", "config.yaml", "answers.jsonl")}
+    assert runner.run(cfg) == [folder]
+    assert {name: (folder / name).read_bytes() for name in before} == before
 
 
 def test_a_question_that_raises_is_recorded_and_excluded(lm, tmp_path):
