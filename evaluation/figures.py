@@ -37,6 +37,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from evaluation import report  # noqa: E402
+from evaluation.report import METHOD_ORDER, method_sort_key  # noqa: E402,F401 - one method order everywhere
 from evaluation.engine.timing import PARTS  # noqa: E402
 from evaluation.questions import SUBTASK_TITLES, SUBTASKS  # noqa: E402
 
@@ -44,8 +45,6 @@ ROOT = Path(__file__).resolve().parent.parent
 FLOAT_FORMAT = "%.4f"
 DPI = 150
 
-# Methods in this order everywhere (tables, legends, bars); other methods follow alphabetically.
-METHOD_ORDER = ("vanilla", "pld", "lookahead", "rest", "logitspec")
 # One colour per method label, the same in every figure; other labels take EXTRA_COLOURS in method order.
 METHOD_COLOURS = {
     "vanilla": "#7f7f7f",
@@ -78,12 +77,6 @@ PDF_METADATA = {"CreationDate": None, "ModDate": None, "Producer": None, "Creato
 
 
 # ---------------------------------------------------------------- ordering, colours, settings
-
-
-def method_sort_key(label: str, method: str | None = None) -> tuple:
-    base = method or label.split(",")[0]
-    rank = METHOD_ORDER.index(base) if base in METHOD_ORDER else len(METHOD_ORDER)
-    return rank, base, label != base, label
 
 
 def order_methods(df: pd.DataFrame) -> list[str]:
@@ -574,7 +567,7 @@ def build_all(results_dir: str | Path, out_dir: str | Path, published_csv: str |
             rows = table[table.setting == setting]
             shown = table1_display(table, setting)
             heading = (f"{rows.setting_title.iloc[0]}, {rows.questions.max()} questions, "
-                       f"{rows.repeats.max()} repeat(s) (setting {setting})")
+                       f"{rows.repeats.max()} repeat{'s' if rows.repeats.max() != 1 else ''} (setting {setting})")
             md += [f"### {heading}", "", _markdown(shown), ""]
             tex += [f"% setting {setting}",
                     _latex(shown, f"Speedup and MAT over vanilla: {heading}.", f"tab:table1-{setting}"), ""]
@@ -587,7 +580,7 @@ def build_all(results_dir: str | Path, out_dir: str | Path, published_csv: str |
         lonely = df[~df.comparison_key.isin(compared)].drop_duplicates("run_dir").sort_values("run_dir")
         if not lonely.empty:
             md += ["Runs left out (no vanilla run with the same comparison_key):", ""]
-            md += [f"- `{r.run_dir}`: {r.method_label}, {r.setting_title}, repeat {r.repeat}"
+            md += [f"- `{r.run_dir}`: {r.method_label}, {r.setting_title}, repeat {r.repeat + 1}"
                    for r in lonely.itertuples()]
             md.append("")
     published_csv = published_csv or default_published_csv()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +27,18 @@ from evaluation.engine.timing import PARTS
 from evaluation.questions import MT_BENCH_CATEGORIES, SUBTASK_TITLES
 
 ORDER = list(SUBTASK_TITLES)
+
+# The order methods appear in, in every table and figure: the baseline, then the methods by family.
+METHOD_ORDER = ("vanilla", "pld", "lookahead", "rest", "logitspec")
+
+
+def method_sort_key(label: str, method: str | None = None) -> tuple:
+    """Sort key of a method label such as `logitspec,next_next=False`: METHOD_ORDER, then the plain method
+    before its variants, then the label with its numbers compared as numbers (capacity=16 before capacity=128)."""
+    base = method or label.split(",")[0]
+    rank = METHOD_ORDER.index(base) if base in METHOD_ORDER else len(METHOD_ORDER)
+    natural = tuple(int(part) if i % 2 else part for i, part in enumerate(re.split(r"(\d+)", label)))
+    return rank, base, label != base, natural
 
 
 def load_runs(results_dir: str | Path) -> pd.DataFrame:
@@ -172,7 +185,7 @@ def paired_tests(df: pd.DataFrame) -> pd.DataFrame:
         per_question = group.groupby(["method_label", "question_id"]).tps.mean().unstack(0)
         if "vanilla" not in per_question:
             continue
-        for label in per_question.columns.drop("vanilla"):
+        for label in _method_order(per_question.columns.drop("vanilla")):
             pair = per_question[["vanilla", label]].dropna()
             if len(pair) < 2:
                 continue
@@ -186,7 +199,7 @@ def paired_tests(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _method_order(labels) -> list[str]:
-    return sorted(labels, key=lambda label: (label != "vanilla", label))
+    return sorted(labels, key=method_sort_key)
 
 
 def to_markdown(summary: pd.DataFrame, lossless: pd.DataFrame, errors: pd.DataFrame,
@@ -215,9 +228,10 @@ def to_markdown(summary: pd.DataFrame, lossless: pd.DataFrame, errors: pd.DataFr
                     lines += ["**Paired tests against vanilla over questions (tokens/s, mean over repeats)**", "",
                               mine.drop(columns=["setting_key", "model"]).to_markdown(index=False, floatfmt=".3g"),
                               ""]
-    for key, group in summary.groupby("comparison_key", sort=False):
+    in_order = summary.sort_values(["model", "setting_key", "repeat"], kind="stable")
+    for key, group in in_order.groupby("comparison_key", sort=False):
         first = group.iloc[0]
-        lines += [f"## {first['model']}, max_new_tokens={first['max_new_tokens']}, repeat {first['repeat']} "
+        lines += [f"## {first['model']}, max_new_tokens={first['max_new_tokens']}, repeat {first['repeat'] + 1} "
                   f"(comparison {key})", ""]
         subtasks = [s for s in ORDER if s in set(group.subtask)]
         methods = _method_order(group.method_label.unique())

@@ -68,7 +68,8 @@ def environment(lm) -> dict:
             versions[name] = None
     return {
         "git_commit": _git("rev-parse", "HEAD"),
-        "git_dirty": bool(_git("status", "--porcelain")),
+        # Uncommitted changes outside results/ (regenerated reports there do not change how runs decode).
+        "git_dirty": bool(_git("status", "--porcelain", "--", ":(top)", ":(top,exclude)results")),
         "python": sys.version.split()[0],
         "packages": versions,
         "cpu": _cpu_name(),

@@ -81,7 +81,10 @@ def vanilla_reference(lm):
     def reference(prompt_ids: list[int], max_new_tokens: int) -> list[int]:
         key = (tuple(prompt_ids), max_new_tokens)
         if key not in cache:
-            cache[key] = decode_turn(lm, vanilla, prompt_ids, max_new_tokens).new_ids
+            # Greedy decoding with a smaller budget is a prefix of a longer run of the same prompt.
+            longer = [n for p, n in cache if p == key[0] and n > max_new_tokens]
+            cache[key] = (cache[key[0], min(longer)][:max_new_tokens] if longer
+                          else decode_turn(lm, vanilla, prompt_ids, max_new_tokens).new_ids)
         return cache[key]
 
     return reference

@@ -172,7 +172,8 @@ def test_oracle_drafter_is_accepted_whole_and_lossless(lm, lossless_prompts, van
 
 
 def test_garbage_drafter_is_lossless(lm, assert_lossless):
-    assert_lossless(GarbageDrafter(seed=3), names=ONE_PER_SUBTASK)
+    # Nearly every step rejects the whole tree; 32 tokens a prompt exercise that as well as 64 would.
+    assert_lossless(GarbageDrafter(seed=3), max_new_tokens=32, names=ONE_PER_SUBTASK)
 
 
 def test_parts_add_up_to_the_turn_time(lm, lossless_prompts):

@@ -110,3 +110,11 @@ def test_repeats_give_mean_spread_confidence_interval_and_paired_tests(tmp_path)
     assert tests.wilcoxon_p < 0.05
     _, markdown = report.build(runs, tmp_path)
     assert "Across repeats" in markdown and f"{row.speedup:.2f} ± {row.speedup_std:.2f}" in markdown
+
+
+def test_methods_appear_in_one_fixed_order():
+    labels = ["rest", "logitspec,next_next=False", "zeta", "vanilla", "logitspec", "lookahead", "pld",
+              "logitspec,draft_tree_capacity=128", "logitspec,draft_tree_capacity=16"]
+    assert report._method_order(labels) == [
+        "vanilla", "pld", "lookahead", "rest", "logitspec", "logitspec,draft_tree_capacity=16",
+        "logitspec,draft_tree_capacity=128", "logitspec,next_next=False", "zeta"]
