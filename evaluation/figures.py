@@ -37,7 +37,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from evaluation import report  # noqa: E402
-from evaluation.report import METHOD_ORDER, method_sort_key  # noqa: E402,F401 - one method order everywhere
+from evaluation.report import method_sort_key  # noqa: E402 - one method order everywhere
 from evaluation.engine.timing import PARTS  # noqa: E402
 from evaluation.questions import SUBTASK_TITLES, SUBTASKS  # noqa: E402
 
