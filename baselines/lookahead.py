@@ -90,6 +90,9 @@ def harvest(pool: NgramPool, pending: int, levels: list[list[int]], win: list[in
 class Lookahead(Method):
     """Lookahead decoding with N = level, W = window, G = guess (Spec-Bench runs 5/7/7)."""
 
+    title, family, table_order, colour = "Lookahead", "training-free", 20, "#ff7f0e"
+    published_names = ("Lookahead",)
+
     @dataclass
     class Config:
         level: int = 5

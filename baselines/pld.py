@@ -64,6 +64,9 @@ class NgramIndex:
 class PLD(Method):
     """Prompt lookup decoding: a chain of up to `num_pred_tokens` tokens copied from the sequence itself."""
 
+    title, family, table_order, colour = "PLD", "retrieval", 10, "#1f77b4"
+    published_names = ("PLD",)
+
     @dataclass
     class Config:
         max_ngram_size: int = 3

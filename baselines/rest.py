@@ -248,6 +248,9 @@ class Retriever:
 class Rest(Method):
     """Drafts retrieved continuations of the context's longest suffix found in a corpus (a trie of them)."""
 
+    title, family, table_order, colour = "REST", "retrieval", 25, "#2ca02c"
+    published_names = ("REST",)
+
     Config = RestConfig
 
     def __init__(self, config: RestConfig, model):

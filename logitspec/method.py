@@ -36,6 +36,10 @@ class LogitSpecConfig:
 
 @register_method("logitspec")
 class LogitSpec(Method):
+    """Top-k of the last logit guess the next-next token; n-gram retrieval extends each guess."""
+
+    title, family, table_order, colour = "LogitSpec", "training-free", 30, "#d62728"
+    published_names = ("LogitSpec",)
     Config = LogitSpecConfig
 
     def __init__(self, config: LogitSpecConfig, model):

@@ -40,9 +40,16 @@ class StepOutcome:
     hidden_states: torch.Tensor | None  # [nodes, hidden] last layer, when the method asks for them
 
 
+# Method families, in table order.
+FAMILIES = ("baseline", "retrieval", "training-free", "trained draft", "other")
+
+
 @dataclass
 class NoOptions:
     """Options of a method that has none."""
+
+    def check(self) -> None:
+        """Ranges and relations of the options; raises `evaluation.errors.OptionError`. Nothing to check here."""
 
 
 class Method:
@@ -51,6 +58,13 @@ class Method:
     name: ClassVar[str] = ""
     Config: ClassVar[type] = NoOptions
     needs_hidden_states: ClassVar[bool] = False
+
+    # How the method shows in tables and figures; each method says it of itself, so nothing else needs a list.
+    title: ClassVar[str] = ""  # display name, e.g. "Token Recycling" (default: the registered name)
+    family: ClassVar[str] = "other"  # one of FAMILIES: groups rows in tables
+    table_order: ClassVar[int] = 100  # rows sort by this, then by name: vanilla 0, then each family in turn
+    colour: ClassVar[str] = ""  # matplotlib colour, the same in every figure ("" = one from a spare palette)
+    published_names: ClassVar[tuple[str, ...]] = ()  # its names in ../shared/reference CSVs (e.g. "PLD")
 
     def __init__(self, config, model):
         self.config = config
