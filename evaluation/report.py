@@ -23,20 +23,19 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from evaluation.engine.registry import method_info
 from evaluation.engine.timing import PARTS
 from evaluation.questions import MT_BENCH_CATEGORIES, SUBTASK_TITLES
 
 ORDER = list(SUBTASK_TITLES)
 
-# The order methods appear in, in every table and figure: the baseline, then the methods by family.
-METHOD_ORDER = ("vanilla", "pld", "lookahead", "rest", "logitspec")
-
-
 def method_sort_key(label: str, method: str | None = None) -> tuple:
-    """Sort key of a method label such as `logitspec,next_next=False`: METHOD_ORDER, then the plain method
-    before its variants, then the label with its numbers compared as numbers (capacity=16 before capacity=128)."""
+    """Sort key of a method label such as `logitspec,next_next=False`, the same in every table and figure: the
+    method's own `table_order` (vanilla first), then the plain method before its variants, then the label with
+    its numbers compared as numbers (capacity=16 before capacity=128)."""
     base = method or label.split(",")[0]
-    rank = METHOD_ORDER.index(base) if base in METHOD_ORDER else len(METHOD_ORDER)
+    info = method_info(base)
+    rank = info.table_order if info is not None else 10**6
     natural = tuple(int(part) if i % 2 else part for i, part in enumerate(re.split(r"(\d+)", label)))
     return rank, base, label != base, natural
 

@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from evaluation import figures
+from evaluation.engine.registry import method_info
 from evaluation.engine.timing import PARTS
 
 
@@ -151,7 +152,7 @@ def test_acceptance_lengths_and_colours(runs):
     assert list(lengths) == ["vanilla", "pld", "logitspec"]
     assert sorted(lengths["logitspec"].tolist()) == [1, 1, 1, 2, 7, 9, 10, 14, 15]
     colours = figures.colour_map(["vanilla", "pld", "logitspec,next_next=False", "logitspec"])
-    assert colours["pld"] == figures.METHOD_COLOURS["pld"]
+    assert colours["pld"] == method_info("pld").colour
     assert colours["logitspec,next_next=False"] == figures.EXTRA_COLOURS[0]
 
 

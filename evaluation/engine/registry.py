@@ -29,6 +29,13 @@ def available_methods() -> list[str]:
     return sorted(_METHODS)
 
 
+def method_info(name: str):
+    """The class registered under `name`, or None (e.g. a saved run of a method this checkout lacks); tables and
+    figures read its `title`, `family`, `table_order`, `colour` and `published_names`."""
+    available_methods()
+    return _METHODS.get(name)
+
+
 def method_class(name: str):
     names = available_methods()
     if name not in _METHODS:

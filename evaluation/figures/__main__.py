@@ -1,0 +1,3 @@
+from evaluation.figures.build import main
+
+main()

@@ -1,0 +1,151 @@
+"""`python -m evaluation.figures`: every table and figure from the saved runs, into one folder."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pandas as pd
+
+from evaluation import report
+from evaluation.figures.ablations import ablation_table, plot_ablations
+from evaluation.figures.common import _latex, _markdown, _save, _write_csv, summarize_settings, with_settings
+from evaluation.figures.motivation import find_motivation, load_motivation, plot_motivation
+from evaluation.figures.plots import plot_acceptance, plot_breakdown
+from evaluation.figures.tables import (PUBLISHED_MODEL, TABLE1_COLUMNS, default_published_csv, load_published,
+                                       published_table, table1, table1_display)
+from evaluation.report import method_sort_key
+
+OUTPUT_PATTERNS = ("table1.md", "table1.tex", "table1.csv", "published_specbench.csv", "ablations_*.csv",
+                   "ablations_*.png", "ablations_*.pdf", "breakdown_*.png",
+                   "breakdown_*.pdf", "acceptance_*.png", "acceptance_*.pdf", "motivation_*.png", "motivation_*.pdf")
+
+
+def _remove_old_outputs(out: Path) -> None:
+    """Delete what an earlier build wrote here, so a setting or CSV that has gone leaves no stale file."""
+    for pattern in OUTPUT_PATTERNS:
+        for path in sorted(out.glob(pattern)):
+            path.unlink()
+
+
+def build_all(results_dir: str | Path, out_dir: str | Path, published_csv: str | Path | None = None,
+              motivation: list[str | Path] | None = None) -> list[Path]:
+    """Write every table and figure from the runs under `results_dir` into `out_dir`; returns the files."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    _remove_old_outputs(out)
+    written: list[Path] = []
+    df = report.load_runs(results_dir)
+    md = ["# Tables and figures", "", f"From the saved runs under `{results_dir}` (evaluation.report's numbers).", ""]
+    captions: list[str] = []
+    table = pd.DataFrame()
+    if not df.empty:
+        df = with_settings(df)
+        table = table1(df)
+    if table.empty:
+        md += ["No method has a vanilla run to compare with yet.", ""]
+    else:
+        _write_csv(table, out / "table1.csv")
+        written.append(out / "table1.csv")
+        md += ["## Table 1: speedup over vanilla per subtask, overall MAT and speedup (ours)", "",
+               "Speedup: Spec-Bench's, mean tokens/s over vanilla's on the same questions. MAT: mean accepted "
+               "tokens per step, bonus included. With several repeats: mean ± standard deviation over repeats.", ""]
+        tex = []
+        for setting in table.setting.unique():
+            rows = table[table.setting == setting]
+            shown = table1_display(table, setting)
+            heading = (f"{rows.setting_title.iloc[0]}, {rows.questions.max()} questions, "
+                       f"{rows.repeats.max()} repeat{'s' if rows.repeats.max() != 1 else ''} (setting {setting})")
+            md += [f"### {heading}", "", _markdown(shown), ""]
+            tex += [f"% setting {setting}",
+                    _latex(shown, f"Speedup and MAT over vanilla: {heading}.", f"tab:table1-{setting}"), ""]
+        (out / "table1.tex").write_text("\n".join(tex))
+        written.append(out / "table1.tex")
+
+    summary = summarize_settings(df) if not df.empty else pd.DataFrame()
+    if not df.empty:
+        compared = set(summary.comparison_key) if not summary.empty else set()
+        lonely = df[~df.comparison_key.isin(compared)].drop_duplicates("run_dir").sort_values("run_dir")
+        if not lonely.empty:
+            md += ["Runs left out (no vanilla run with the same comparison_key):", ""]
+            md += [f"- `{r.run_dir}`: {r.method_label}, {r.setting_title}, repeat {r.repeat + 1}"
+                   for r in lonely.itertuples()]
+            md.append("")
+    published_csv = published_csv or default_published_csv()
+    if published_csv is not None and Path(published_csv).is_file():
+        ours = sorted(set(df.method), key=method_sort_key) if not df.empty else None
+        pub = published_table(load_published(published_csv), ours)
+        _write_csv(pub, out / "published_specbench.csv")
+        written.append(out / "published_specbench.csv")
+        md += ["## Published Spec-Bench leaderboard (published, other hardware and model)", "",
+               f"{PUBLISHED_MODEL}, greedy, FP16, batch size 1, mean of 3 runs; Spec-Bench Leaderboard.md at "
+               f"fd2c1cd, current RTX 3090 and A100 tables (from `{Path(published_csv).name}`). "
+               "Not comparable with ours: other hardware and model. Methods not on the leaderboard "
+               "(LogitSpec) are absent.", ""]
+        for device in pub.device.unique() if not pub.empty else []:
+            rows = pub[pub.device == device]
+            shown = rows.set_index("published_method")[TABLE1_COLUMNS].rename_axis("Method")
+            shown = shown.apply(lambda col: col.map(lambda v: "–" if pd.isna(v) else f"{v:.2f}"))
+            md += [f"### {PUBLISHED_MODEL} on {device} (`{rows.source_table.iloc[0]}`), published", "",
+                   _markdown(shown), ""]
+    else:
+        md += ["(Published Spec-Bench table skipped: reference CSV not found.)", ""]
+
+    for setting in (sorted(summary.setting.unique()) if not summary.empty else []):
+        title = summary[summary.setting == setting].setting_title.iloc[0]
+        written += _save(plot_breakdown(df, setting), out / f"breakdown_{setting}")
+        captions.append(f"- `breakdown_{setting}.png/.pdf`: share of total wall time per part (prefill, draft, tree, "
+                        f"forward, verify, commit, update) per method, mean over repeats; {title}.")
+        if not (summary[summary.setting == setting].method != "vanilla").any():
+            continue
+        written += _save(plot_acceptance(df, setting), out / f"acceptance_{setting}")
+        captions.append(f"- `acceptance_{setting}.png/.pdf`: histogram of accepted tokens per step, and "
+                        f"P(accepted length > d) per draft depth d, per method; all entries of accept_lengths, "
+                        f"each turn's prefill step (length 1) included since turns can't be told apart; {title}.")
+
+    ablations = ablation_table(df) if not df.empty else pd.DataFrame()
+    for setting in (ablations.setting.unique() if not ablations.empty else []):
+        rows = ablations[ablations.setting == setting]
+        if rows.option.nunique() < 1 or len(rows) <= rows.option.nunique():
+            continue  # only default runs: nothing was varied
+        title = summary[summary.setting == setting].setting_title.iloc[0]
+        _write_csv(rows.drop(columns="setting"), out / f"ablations_{setting}.csv")
+        written += [out / f"ablations_{setting}.csv", *_save(plot_ablations(rows, title), out / f"ablations_{setting}")]
+        captions.append(f"- `ablations_{setting}.png/.pdf/.csv`: LogitSpec's overall speedup and MAT against "
+                        f"each ablated option (others at their defaults); {title}.")
+
+    motivation = list(motivation) if motivation else find_motivation(results_dir)
+    for path in motivation:
+        path = Path(path)
+        if not path.is_file():
+            md += [f"(Motivation figure skipped: {path} not found.)", ""]
+            continue
+        title = "all subtasks" if path.stem == "combined" else path.stem
+        written += _save(plot_motivation(load_motivation(path), title=title), out / f"motivation_{path.stem}")
+        captions.append(f"- `motivation_{path.stem}.png/.pdf`: hit rate (%) of the next-next token among the top-k "
+                        f"of the last logits, against k, per subtask (from `{path}`).")
+    if not motivation:
+        md += ["(Motivation figure skipped: no results/motivation/*.csv; run `python -m logitspec.motivation`.)", ""]
+    if captions:
+        md += ["## Figures", "", *captions, ""]
+    (out / "table1.md").write_text("\n".join(md))
+    written.insert(0, out / "table1.md")
+    return written
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m evaluation.figures",
+                                     description="Tables and figures from the saved runs")
+    parser.add_argument("--results", default="results/runs", help="folder holding the run folders")
+    parser.add_argument("--out", default="results/figures", help="where the tables and figures go")
+    parser.add_argument("--published", default=None, help="Spec-Bench leaderboard CSV (default: shared/reference)")
+    parser.add_argument("--motivation", nargs="*", default=None,
+                        help="CSV(s) of logitspec.motivation (default: results/motivation/*.csv)")
+    args = parser.parse_args(argv)
+    written = build_all(args.results, args.out, args.published, args.motivation)
+    print((Path(args.out) / "table1.md").read_text())
+    print("Written:", ", ".join(str(p) for p in written))
+
+
+if __name__ == "__main__":
+    main()
