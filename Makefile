@@ -9,8 +9,12 @@ WARMUP    ?= 1
 # Whole-run repeats, run in rounds (every method once, then every method again) so that drift of the
 # machine over the hour falls on all methods alike; finished repeats are resumed, not redone.
 REPEATS   ?= 3
-# Every method config in conf/method, vanilla first (each is compared with vanilla).
-METHODS ?= vanilla,$(shell ls conf/method | sed -n 's/\.yaml$$//p' | grep -vx vanilla | paste -sd, -)
+# The draft budget: off (every proposed node is verified, as published) or auto (evaluation/engine/budget.py).
+BUDGET    ?= off
+# Every method config in conf/method, vanilla first (each is compared with vanilla). Trained-draft methods
+# (gumiho*, eagle2) join once a draft for MODEL is committed under gumiho/drafts/MODEL.
+TRAINED   := $(if $(wildcard gumiho/drafts/$(MODEL)/config.json),,| grep -v -e '^gumiho' -e '^eagle2')
+METHODS ?= vanilla,$(shell ls conf/method | sed -n 's/\.yaml$$//p' | grep -vx vanilla $(TRAINED) | paste -sd, -)
 
 .PHONY: help setup data datastore test bench report figures ablations bench-engine clean
 
@@ -37,7 +41,8 @@ test: setup data  ## run the test suite (CPU, real embedded model)
 bench: setup data  ## every method on a Spec-Bench slice, REPEATS times, then the report
 	for round in $$(seq 1 $(REPEATS)); do \
 		$(PY) run.py -m model=$(MODEL) method=$(METHODS) bench.questions_per_subtask=$(QUESTIONS) \
-			bench.max_new_tokens=$(MAX_NEW) bench.warmup=$(WARMUP) run.repeats=$$round run.report=false || exit 1; \
+			bench.max_new_tokens=$(MAX_NEW) bench.warmup=$(WARMUP) run.repeats=$$round run.draft_budget=$(BUDGET) \
+			run.report=false || exit 1; \
 	done
 	$(PY) -m evaluation.report
 
@@ -59,3 +64,10 @@ bench-engine: setup  ## forward latency against new tokens, and our vanilla loop
 
 clean:  ## remove scratch results (never the saved runs)
 	rm -rf results/scratch .pytest_cache
+
+# The draft for MODEL (conf/train/<MODEL>.yaml when present, else conf/train/default.yaml); a rerun resumes.
+# Budget and options: make train-gumiho TRAIN_ARGS="train.max_minutes=120"
+TRAIN_RECIPE = $(if $(wildcard conf/train/$(MODEL).yaml),$(MODEL),default)
+.PHONY: train-gumiho
+train-gumiho: setup data  ## train a Gumiho draft for MODEL into gumiho/drafts/MODEL (resumable)
+	$(PY) -m gumiho.train model=$(MODEL) train=$(TRAIN_RECIPE) $(TRAIN_ARGS)

@@ -1,11 +1,15 @@
 """Run one decoding method on a question set: `python run.py method=vanilla bench.questions_per_subtask=2`.
 
 Hydra composes `conf/`; `python run.py -m method=vanilla,...` runs several methods in one process.
+A bad option ends the command with one line on stderr and exit status 2, before the model loads
+(`evaluation.validation`); Hydra reports its own errors (an unknown config group option) as it always does.
 """
 
+import os
 import sys
 
 import hydra
+from hydra.errors import ConfigCompositionException
 
 from evaluation.config import register_configs
 from evaluation.errors import HarnessError
@@ -27,5 +31,38 @@ def main(cfg) -> None:
         sys.exit(2)
 
 
+def cli() -> None:
+    """`main` with Hydra's type and key errors about an option turned into the same one-line error."""
+    user_wants_full_error = os.environ.get("HYDRA_FULL_ERROR")
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra then raises its errors instead of printing them
+    try:
+        main()
+    except ConfigCompositionException as exc:
+        from evaluation.validation import option_error_from_hydra
+
+        error = option_error_from_hydra(exc)
+        if error is None or user_wants_full_error:
+            report_as_hydra(exc, user_wants_full_error)
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+    except Exception as exc:  # noqa: BLE001 - anything else Hydra raises is reported the way Hydra reports it
+        report_as_hydra(exc, user_wants_full_error)
+
+
+def report_as_hydra(exc: Exception, full_error) -> None:
+    """Print `exc` exactly as Hydra would have (or raise it with HYDRA_FULL_ERROR set) and exit with status 1."""
+    from hydra._internal.utils import run_and_report
+
+    if full_error:
+        raise exc
+    del os.environ["HYDRA_FULL_ERROR"]
+
+    def reraise():
+        raise exc
+
+    run_and_report(reraise)
+    sys.exit(1)
+
+
 if __name__ == "__main__":
-    main()
+    cli()

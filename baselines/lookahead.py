@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from evaluation.engine.method import DecodeState, Method, StepOutcome
 from evaluation.engine.registry import register_method
 from evaluation.engine.tree import DraftTree, SideNodes
+from evaluation.errors import require
+from evaluation.validation import MAX_DRAFT_NODES, require_int_range
 
 INIT_SEED = 10  # upstream calls random.seed(10) before drawing the initial window
 
@@ -86,6 +88,18 @@ def harvest(pool: NgramPool, pending: int, levels: list[list[int]], win: list[in
         pool.insert(key, tuple(level[j] for level in levels[1:]) + (win[j],))
 
 
+def guess_length(level: int, full_match_bonus: bool) -> int:
+    return level - 1 if full_match_bonus else level - 2
+
+
+def step_nodes(level: int, window: int, guess: int, full_match_bonus: bool) -> int:
+    """Draft plus side nodes of one step at most: the guesses and the fullest window."""
+    n, w = level, window
+    # Window size with c filled levels: level 0 has W+N-2-c tokens, the c-1 others one more each.
+    window_nodes = max((w + n - 2 - c) + (c - 1) * (w + n - 1 - c) for c in range(1, n))
+    return guess * guess_length(level, full_match_bonus) + window_nodes
+
+
 @register_method("lookahead")
 class Lookahead(Method):
     """Lookahead decoding with N = level, W = window, G = guess (Spec-Bench runs 5/7/7)."""
@@ -103,10 +117,17 @@ class Lookahead(Method):
         # Upstream never puts prompt n-grams in the pool (the paper's "prompt as reference" option is absent).
         seed_pool_from_prompt: bool = False
 
+        def check(self) -> None:
+            require_int_range("level", self.level, 3, 16)
+            require_int_range("window", self.window, 1, 256)
+            require_int_range("guess", self.guess, 0, 256)
+            nodes = step_nodes(self.level, self.window, self.guess, self.full_match_bonus)
+            require(nodes <= MAX_DRAFT_NODES, "guess", self.guess,
+                    f"at most {MAX_DRAFT_NODES} nodes per step; guess * (level - 1) + window size is {nodes}")
+
     def __init__(self, config: Config, model):
         super().__init__(config, model)
-        if config.level < 3 or config.window < 1 or config.guess < 0:
-            raise ValueError("lookahead needs level >= 3, window >= 1 and guess >= 0")
+        config.check()
         self.pool = NgramPool(config.guess)
         self.levels: list[list[int]] = []
         self._step: tuple[int, int, int] | None = None  # (pending token, tree nodes, side nodes) of the last draft
@@ -114,15 +135,12 @@ class Lookahead(Method):
     @property
     def guess_length(self) -> int:
         """Tokens per drafted guess chain: N-1, or N-2 when the full-match bonus is cut (see `draft`)."""
-        n = self.config.level - 1
-        return n if self.config.full_match_bonus else n - 1
+        return guess_length(self.config.level, self.config.full_match_bonus)
 
     @property
     def max_nodes(self) -> int:
-        n, w = self.config.level, self.config.window
-        # Window size with c filled levels: level 0 has W+N-2-c tokens, the c-1 others one more each.
-        window = max((w + n - 2 - c) + (c - 1) * (w + n - 1 - c) for c in range(1, n))
-        return self.config.guess * self.guess_length + window
+        cfg = self.config
+        return step_nodes(cfg.level, cfg.window, cfg.guess, cfg.full_match_bonus)
 
     def reset(self, prompt_ids: list[int]) -> None:
         cfg = self.config

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from evaluation.engine.method import DecodeState, Method
 from evaluation.engine.registry import register_method
 from evaluation.engine.tree import DraftTree
+from evaluation.validation import MAX_DRAFT_NODES, MAX_TOKEN_ID, require_choice, require_int_range, require_token_id
 
 MATCH_ORDERS = ("earliest", "latest")
 
@@ -79,12 +80,18 @@ class PLD(Method):
         # Which occurrence wins among usable ones: "earliest" (upstream) or "latest".
         match_order: str = "earliest"
 
+        def check(self) -> None:
+            # The index holds every n-gram up to max_ngram_size: memory grows with it times the sequence length.
+            require_int_range("max_ngram_size", self.max_ngram_size, 1, 32)
+            require_int_range("num_pred_tokens", self.num_pred_tokens, 1, MAX_DRAFT_NODES)
+            require_int_range("dummy_token_id", self.dummy_token_id, 0, MAX_TOKEN_ID)
+            require_choice("match_order", self.match_order, MATCH_ORDERS)
+
     def __init__(self, config: Config, model):
         super().__init__(config, model)
-        if config.max_ngram_size < 1 or config.num_pred_tokens < 1:
-            raise ValueError("max_ngram_size and num_pred_tokens must be at least 1")
-        if config.match_order not in MATCH_ORDERS:
-            raise ValueError(f"match_order must be one of {MATCH_ORDERS}, not {config.match_order!r}")
+        config.check()
+        if config.dummy_draft_when_no_match:
+            require_token_id("dummy_token_id", config.dummy_token_id, model)
         self.index = NgramIndex(config.max_ngram_size)
 
     @property

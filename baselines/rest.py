@@ -17,9 +17,14 @@ from baselines.rest_datastore import Datastore, build_datastore, load_datastore
 from evaluation.engine.method import DecodeState, Method
 from evaluation.engine.registry import register_method
 from evaluation.engine.tree import DraftTree
+from evaluation.errors import require
+from evaluation.validation import (
+    MAX_DRAFT_NODES, MAX_TOKEN_ID, require_choice, require_dir, require_int_range, require_token_id,
+)
 
 OCCURRENCE_CHOICES = ("first_in_suffix_array", "evenly_spaced")
 PRUNE_RULES = ("distinct_tokens", "trie_nodes")
+TRIE_LIMIT = 25_600_000  # token ids in a step's trie (about 200 MB): 5000 occurrences of 10 tokens hold 500,000
 
 
 @dataclass
@@ -40,6 +45,24 @@ class RestConfig:
     allow_cross_entry_matches: bool = True
     no_match_token: Optional[int] = 100  # upstream's dummy child when nothing matches; None = an empty draft
 
+    def check(self) -> None:
+        if self.datastore is not None:  # that its tokenizer is the model's is checked once the model is loaded
+            require_dir("datastore", self.datastore, containing="manifest.json")
+        if self.max_conversations is not None:
+            require_int_range("max_conversations", self.max_conversations, 1)
+        require_int_range("num_draft", self.num_draft, 0, MAX_DRAFT_NODES)
+        require_int_range("max_token_span", self.max_token_span, 2, 256)
+        require_int_range("max_occurrences", self.max_occurrences, 1, 100_000)
+        require_int_range("continuation_length", self.continuation_length, 1, 64)
+        # The trie keeps every prefix of every continuation: up to occurrences x length^2 token ids.
+        trie = self.max_occurrences * self.continuation_length**2
+        require(trie <= TRIE_LIMIT, "max_occurrences", self.max_occurrences,
+                f"max_occurrences * continuation_length^2 <= {TRIE_LIMIT:.3g} (here {trie:.3g})")
+        require_choice("occurrence_choice", self.occurrence_choice, OCCURRENCE_CHOICES)
+        require_choice("prune", self.prune, PRUNE_RULES)
+        if self.no_match_token is not None:
+            require_int_range("no_match_token", self.no_match_token, 0, MAX_TOKEN_ID)
+
 
 @dataclass
 class Trie:
@@ -56,12 +79,7 @@ class Retriever:
     """Suffix-array lookups and draft trees over one datastore; numpy only, no model."""
 
     def __init__(self, store: Datastore, config: RestConfig):
-        if config.occurrence_choice not in OCCURRENCE_CHOICES:
-            raise ValueError(f"occurrence_choice must be one of {OCCURRENCE_CHOICES}")
-        if config.prune not in PRUNE_RULES:
-            raise ValueError(f"prune must be one of {PRUNE_RULES}")
-        if config.max_token_span < 2 or config.num_draft < 0 or config.continuation_length < 1:
-            raise ValueError("need max_token_span >= 2, num_draft >= 0, continuation_length >= 1")
+        config.check()
         self.config = config
         # Plain ndarray views of the memory maps: slicing them is as cheap as slicing in-memory arrays.
         self.tokens = np.asarray(store.tokens)
@@ -255,6 +273,9 @@ class Rest(Method):
 
     def __init__(self, config: RestConfig, model):
         super().__init__(config, model)
+        config.check()
+        if config.no_match_token is not None:
+            require_token_id("no_match_token", config.no_match_token, model)
         tokenizer = model.tokenizer
         folder = config.datastore
         if folder is None:

@@ -13,7 +13,6 @@ Writes results/engine/forward_latency.csv and vanilla_vs_generate.csv, and print
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 from pathlib import Path
 
@@ -22,45 +21,13 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from evaluation.config import register_configs
-from evaluation.engine import DraftTree, decode_turn, method_class
-from evaluation.engine.kv_cache import cache_for
-from evaluation.engine.tree import build_tree_inputs
+from evaluation.engine import decode_turn, method_class
+from evaluation.engine.budget import forward_latency
 from evaluation.models import load_model
 from evaluation.questions import SUBTASKS, load_questions, select_questions
 from evaluation.templates import build_prompt_ids
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
-
-
-def forward_latency(lm, context: list[int], widths, repeats: int) -> pd.DataFrame:
-    rows = []
-    cache = cache_for(lm.model, len(context) + max(widths) + 1)
-    with torch.inference_mode():
-        prefill = build_tree_inputs(context[0], DraftTree.chain(context[1:]), 0, lm.dtype, lm.device)
-        lm.model(input_ids=prefill.input_ids, position_ids=prefill.position_ids,
-                 attention_mask=prefill.attention_mask, cache=cache, use_cache=True)
-        base = cache.length
-        for k in widths:
-            inputs = build_tree_inputs(context[-1], DraftTree.chain(context[-k:-1] if k > 1 else []), base,
-                                       lm.dtype, lm.device)
-            times = []
-            for i in range(repeats + 2):  # two warm-ups
-                cache.crop(base)
-                if lm.device.type == "cuda":
-                    torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                lm.model(input_ids=inputs.input_ids, position_ids=inputs.position_ids,
-                         attention_mask=inputs.attention_mask, cache=cache, use_cache=True)
-                if lm.device.type == "cuda":
-                    torch.cuda.synchronize()
-                if i >= 2:
-                    times.append(time.perf_counter() - t0)
-            rows.append({"new_tokens": k, "context": base, "median_ms": 1000 * statistics.median(times),
-                         "min_ms": 1000 * min(times)})
-    table = pd.DataFrame(rows)
-    table["vs_one_token"] = table.median_ms / table.median_ms.iloc[0]
-    table["best_case_speedup"] = table.new_tokens / table.vs_one_token
-    return table
 
 
 def vanilla_vs_generate(lm, prompts: list[list[int]], max_new_tokens: int) -> pd.DataFrame:
@@ -105,10 +72,12 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     machine = f"{cfg.model.name}, {lm.dtype}, {lm.device}, {torch.get_num_threads()} threads"
-    latency = forward_latency(lm, context, [1, 2, 4, 8, 16, 32, 64], args.repeats)
+    latency = forward_latency(lm, context, [1, 2, 4, 8, 16, 32, 64, 128], args.repeats)
+    # The model, device and dtype ride along, so `run.latency_curve=` can replay this file on a matching run.
+    latency = latency.assign(model=cfg.model.name, device=str(lm.device), dtype=str(lm.dtype).replace("torch.", ""))
     latency.to_csv(out / "forward_latency.csv", index=False, float_format="%.4g")
     print(f"## Forward latency over a {latency.context.iloc[0]}-token context ({machine})\n")
-    print(latency.to_markdown(index=False, floatfmt=".2f"), "\n")
+    print(latency.drop(columns=["model", "device", "dtype"]).to_markdown(index=False, floatfmt=".2f"), "\n")
     race = vanilla_vs_generate(lm, (prompts * 2)[: args.prompts], args.max_new_tokens)
     race.to_csv(out / "vanilla_vs_generate.csv", index=False, float_format="%.4g")
     print(f"## Vanilla: our loop against transformers generate() ({machine})\n")

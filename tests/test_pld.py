@@ -9,6 +9,7 @@ import torch
 
 from baselines.pld import PLD, NgramIndex
 from evaluation.engine.method import DecodeState
+from evaluation.errors import OptionError
 from tests.conftest import ONE_PER_SUBTASK
 
 
@@ -81,7 +82,7 @@ def test_incremental_index_equals_the_rescan(full, order):
 
 
 def test_bad_match_order_is_refused():
-    with pytest.raises(ValueError):
+    with pytest.raises(OptionError, match="match_order"):
         PLD(PLD.Config(match_order="random"), None)
 
 

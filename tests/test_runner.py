@@ -53,7 +53,7 @@ def test_unknown_keys_and_names_are_rejected():
 
     with pytest.raises(HarnessError, match="unknown method 'vanila'.*did you mean 'vanilla'"):
         method_class("vanila")
-    with pytest.raises(HarnessError, match="bad option for method 'vanilla'"):
+    with pytest.raises(HarnessError, match="unknown option method.depth for method 'vanilla'"):
         method_options(method_class("vanilla"), compose_config("+method.depth=3").method)
 
 
@@ -119,7 +119,7 @@ def test_a_question_that_raises_is_recorded_and_excluded(lm, tmp_path):
         runner.run(small_config(tmp_path, qfile, f"method={method}", "model.max_context=120"))
     df = report.load_runs(tmp_path / "runs")
     bad = df[df.question_id == 7].iloc[0]
-    assert bad.status == "error" and "does not fit the context" in bad.error
+    assert bad.status == "error" and "does not fit the context" in bad.error and "\n" not in bad.error
     summary = report.summarize(df)
     assert summary[summary.subtask == "overall"].questions.tolist() == [1]
 
@@ -138,7 +138,7 @@ def test_bad_question_files_fail_with_file_and_line_and_write_nothing(tmp_path, 
 
 def test_missing_model_directory_and_too_long_prompt_write_nothing(lm, tmp_path):
     qfile = write_questions(tmp_path / "q.jsonl", QUESTIONS)
-    with pytest.raises(HarnessError, match="model directory not found: /no/such/model"):
+    with pytest.raises(HarnessError, match="bad value for model.path: '/no/such/model' .*existing folder"):
         runner.run(small_config(tmp_path, qfile, "model.path=/no/such/model"))
     with pytest.raises(HarnessError, match="question 1: prompt of .* tokens does not fit the context of 20"):
         runner.run(small_config(tmp_path, qfile, "model.max_context=20"))
@@ -165,3 +165,14 @@ def test_embedded_conversion_was_checked_against_the_gguf(lm):
     manifest = json.loads((Path(lm.source) / "conversion.json").read_text())
     check = manifest["greedy_check"]
     assert check["equal"] and check["gguf_ids"] == check["converted_ids"] and len(check["gguf_ids"]) == 40
+
+
+def test_a_datastore_of_another_tokenizer_stops_the_run_in_one_line(lm, tmp_path):
+    """Known only once the model is loaded: refused before the first question, nothing written."""
+    qfile = write_questions(tmp_path / "q.jsonl", QUESTIONS)
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "manifest.json").write_text(json.dumps({"tokenizer_sha256": "0" * 64}))
+    with pytest.raises(HarnessError, match="built with another tokenizer") as caught:
+        runner.run(small_config(tmp_path, qfile, "method=rest", f"method.datastore={store}"))
+    assert "\n" not in str(caught.value) and not (tmp_path / "runs").exists()

@@ -12,10 +12,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from evaluation.engine.budget import DraftBudget
 from evaluation.engine.kv_cache import cache_for
 from evaluation.engine.method import DecodeState, Method, StepOutcome
 from evaluation.engine.timing import LapClock
-from evaluation.engine.tree import build_tree_inputs, verify_greedy
+from evaluation.engine.tree import build_tree_inputs, verify_greedy, verify_rows
 
 
 @dataclass
@@ -27,6 +28,8 @@ class TurnResult:
     wall_time: float  # seconds, prefill included
     seconds: dict[str, float] = field(default_factory=dict)  # per part; they add up to wall_time
     stop_reason: str = ""  # "stop_token", "max_new_tokens" or "context"
+    proposed_nodes: list[int] = field(default_factory=list)  # draft nodes the method proposed, per decode step
+    verified_nodes: list[int] = field(default_factory=list)  # draft nodes verified (after the draft budget)
 
     @property
     def steps(self) -> int:
@@ -58,8 +61,10 @@ def _forward(model, input_ids, position_ids, attention_mask, cache, logits_to_ke
 
 
 @torch.inference_mode()
-def decode_turn(lm, method: Method, prompt_ids: list[int], max_new_tokens: int) -> TurnResult:
-    """Greedy-decode one turn of at most `max_new_tokens` tokens with `method` drafting."""
+def decode_turn(lm, method: Method, prompt_ids: list[int], max_new_tokens: int,
+                draft_budget: DraftBudget | None = None) -> TurnResult:
+    """Greedy-decode one turn of at most `max_new_tokens` tokens with `method` drafting; `draft_budget`
+    (`evaluation.engine.budget`) cuts each proposed tree to what pays on this machine."""
     model, device, dtype = lm.model, lm.device, lm.dtype
     prompt_length = len(prompt_ids)
     budget = min(max_new_tokens, lm.max_context - prompt_length)
@@ -83,15 +88,26 @@ def decode_turn(lm, method: Method, prompt_ids: list[int], max_new_tokens: int) 
     last_logits = logits[-1]
     first, stop_reason = cut_chunk([int(last_logits.argmax())], lm.stop_ids, budget)
     clock.lap("prefill")
-    method.reset(list(prompt_ids))
+    if hidden:  # a method that reads hidden states also gets the prompt's (e.g. a trained draft's context)
+        method.reset(list(prompt_ids), hidden_states=hidden_states)
+    else:
+        method.reset(list(prompt_ids))
     clock.lap("update")
 
     state = DecodeState(list(prompt_ids) + first, prompt_length, last_logits, budget)
     accept_lengths = [1]
+    proposed_nodes: list[int] = []
+    verified_nodes: list[int] = []
     while not stop_reason:
-        # 1. draft
+        # 1. draft, then (with a budget) keep what is expected to pay
         tree = method.draft(state)
         clock.lap("draft")
+        proposed_nodes.append(len(tree))
+        proposed_index = None
+        if draft_budget is not None:
+            tree, proposed_index = draft_budget.select(tree)
+            clock.lap("budget")
+        verified_nodes.append(len(tree))
         # 2. lay the pending token and the tree out for one forward
         cache_length = cache.length
         inputs = build_tree_inputs(state.tokens[-1], tree, cache_length, dtype, device)
@@ -103,11 +119,17 @@ def decode_turn(lm, method: Method, prompt_ids: list[int], max_new_tokens: int) 
         clock.lap("forward")
         # 4. greedy verification, then the stop rules on the committed chunk
         tree_logits = logits[: inputs.num_tree_nodes]
-        verdict = verify_greedy(inputs, tree_logits)
+        if tree.rows is None:
+            verdict = verify_greedy(inputs, tree_logits)
+        else:
+            verdict = verify_rows(inputs, tree_logits, tree.rows)
         committed, stop_reason = cut_chunk(
             verdict.accepted_tokens + [verdict.bonus], lm.stop_ids, budget - state.generated
         )
         clock.lap("verify")
+        if draft_budget is not None:
+            draft_budget.observe(committed, int(inputs.input_ids.shape[1]), clock.last_lap("forward"))
+            clock.lap("budget")
         # 5. keep the keys/values of the pending token and the accepted drafts
         cache.commit(cache_length, verdict.path)
         clock.lap("commit")
@@ -124,6 +146,7 @@ def decode_turn(lm, method: Method, prompt_ids: list[int], max_new_tokens: int) 
                     tree_logits=tree_logits,
                     side_logits=logits[inputs.num_tree_nodes :] if tree.side else None,
                     hidden_states=hidden_states,
+                    proposed_index=proposed_index,
                 ),
             )
         clock.lap("update")
@@ -138,4 +161,6 @@ def decode_turn(lm, method: Method, prompt_ids: list[int], max_new_tokens: int) 
         wall_time=clock.elapsed,
         seconds=dict(clock.seconds),
         stop_reason=stop_reason,
+        proposed_nodes=proposed_nodes,
+        verified_nodes=verified_nodes,
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+import numpy as np
 import torch
 
 from evaluation.engine.tree import DraftTree, Verdict
@@ -38,6 +39,9 @@ class StepOutcome:
     tree_logits: torch.Tensor  # [tree nodes, vocab]
     side_logits: torch.Tensor | None  # [side nodes, vocab], when the draft had side nodes
     hidden_states: torch.Tensor | None  # [nodes, hidden] last layer, when the method asks for them
+    # When the draft budget cut the tree: the proposed index of each verified node (node 0 first), so a method
+    # can map the verified nodes (verdict.path, tree_logits rows) back to what it drafted. None: nothing was cut.
+    proposed_index: np.ndarray | None = None
 
 
 # Method families, in table order.

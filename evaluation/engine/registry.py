@@ -9,7 +9,7 @@ from evaluation.errors import HarnessError
 
 _METHODS: dict = {}
 # Packages whose import registers methods.
-METHOD_PACKAGES = ("baselines", "logitspec")
+METHOD_PACKAGES = ("baselines", "logitspec", "gumiho")
 
 
 def register_method(name: str):

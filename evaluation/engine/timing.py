@@ -7,7 +7,8 @@ import time
 import torch
 
 # The parts of a turn, in the order a step runs them.
-PARTS = ("prefill", "draft", "tree", "forward", "verify", "commit", "update")
+# "budget" is the draft budget's selection and learning (zero when the budget is off).
+PARTS = ("prefill", "draft", "budget", "tree", "forward", "verify", "commit", "update")
 
 
 class LapClock:
@@ -20,6 +21,7 @@ class LapClock:
     def __init__(self, device: torch.device):
         self._sync = torch.cuda.synchronize if device.type == "cuda" else None
         self.seconds = dict.fromkeys(PARTS, 0.0)
+        self._laps: dict[str, float] = {}
         self.start = self._now()
         self._last = self.start
 
@@ -30,8 +32,13 @@ class LapClock:
 
     def lap(self, part: str) -> None:
         now = self._now()
+        self._laps[part] = now - self._last
         self.seconds[part] += now - self._last
         self._last = now
+
+    def last_lap(self, part: str) -> float:
+        """The length of the latest interval charged to `part` (e.g. the last forward)."""
+        return self._laps.get(part, 0.0)
 
     @property
     def elapsed(self) -> float:

@@ -37,6 +37,12 @@ class DraftTree:
     tokens: list[int] = field(default_factory=list)
     parents: list[int] = field(default_factory=list)
     side: SideNodes | None = None
+    # Optional per-node confidence in [0, 1] (e.g. the logit candidate's probability): the draft budget
+    # (`evaluation.engine.budget`) learns acceptance per score bucket when a method supplies it.
+    scores: list[float] | None = None
+    # Verification rows of node indices, node 0 first, that need not be parent chains (Gumiho's Full Tree
+    # Attention pads short paths with nodes of other branches). None: every root-to-leaf path, as usual.
+    rows: list[list[int]] | None = None
 
     @classmethod
     def chain(cls, tokens: list[int]) -> "DraftTree":
@@ -155,5 +161,30 @@ def verify_greedy(inputs: TreeInputs, tree_logits: torch.Tensor) -> Verdict:
         path=path,
         accepted_tokens=[int(tokens[i]) for i in path[1:]],
         bonus=predictions[best],
+        predictions=predictions,
+    )
+
+
+def verify_rows(inputs: TreeInputs, tree_logits: torch.Tensor, rows: list[list[int]]) -> Verdict:
+    """Greedy verification over explicit rows (spec §0 GTV): in each row the longest prefix whose every token
+    equals the target's argmax at the previous entry of the row; the first longest row wins.
+
+    When the rows are the tree's root-to-leaf paths this equals `verify_greedy`. Rows that are not parent chains
+    (Full Tree Attention) compare a node with logits computed under another ancestry: not exact.
+    """
+    predictions = tree_logits.argmax(dim=-1).tolist()
+    tokens = inputs.tokens
+    best_row, best_length = [0], 0
+    for row in rows:
+        length = 0
+        while length + 1 < len(row) and tokens[row[length + 1]] == predictions[row[length]]:
+            length += 1
+        if length > best_length:
+            best_row, best_length = row, length
+    path = [int(i) for i in best_row[: best_length + 1]]
+    return Verdict(
+        path=path,
+        accepted_tokens=[int(tokens[i]) for i in path[1:]],
+        bonus=predictions[path[-1]],
         predictions=predictions,
     )

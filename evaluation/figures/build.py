@@ -3,39 +3,47 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import pandas as pd
 
 from evaluation import report
+from evaluation.errors import HarnessError
+from evaluation.files import write_text
 from evaluation.figures.ablations import ablation_table, plot_ablations
 from evaluation.figures.common import _latex, _markdown, _save, _write_csv, summarize_settings, with_settings
 from evaluation.figures.motivation import find_motivation, load_motivation, plot_motivation
-from evaluation.figures.plots import plot_acceptance, plot_breakdown
+from evaluation.figures.plots import budget_pairs, plot_acceptance, plot_breakdown, plot_budget
 from evaluation.figures.tables import (PUBLISHED_MODEL, TABLE1_COLUMNS, default_published_csv, load_published,
                                        published_table, table1, table1_display)
 from evaluation.report import method_sort_key
 
 OUTPUT_PATTERNS = ("table1.md", "table1.tex", "table1.csv", "published_specbench.csv", "ablations_*.csv",
-                   "ablations_*.png", "ablations_*.pdf", "breakdown_*.png",
-                   "breakdown_*.pdf", "acceptance_*.png", "acceptance_*.pdf", "motivation_*.png", "motivation_*.pdf")
+                   "ablations_*.png", "ablations_*.pdf", "breakdown_*.png", "breakdown_*.pdf", "budget_*.csv",
+                   "budget_*.png", "budget_*.pdf", "acceptance_*.png", "acceptance_*.pdf", "motivation_*.png",
+                   "motivation_*.pdf")
 
 
-def _remove_old_outputs(out: Path) -> None:
-    """Delete what an earlier build wrote here, so a setting or CSV that has gone leaves no stale file."""
+def _remove_old_outputs(out: Path, keep: list[Path]) -> None:
+    """Once the new outputs are all written, delete what an earlier build wrote here and this one did not, so a
+    setting or CSV that has gone leaves no stale file."""
+    kept = {path.resolve() for path in keep}
     for pattern in OUTPUT_PATTERNS:
         for path in sorted(out.glob(pattern)):
-            path.unlink()
+            if path.resolve() not in kept:
+                path.unlink()
 
 
 def build_all(results_dir: str | Path, out_dir: str | Path, published_csv: str | Path | None = None,
               motivation: list[str | Path] | None = None) -> list[Path]:
     """Write every table and figure from the runs under `results_dir` into `out_dir`; returns the files."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    _remove_old_outputs(out)
-    written: list[Path] = []
     df = report.load_runs(results_dir)
+    if df.empty:  # the outputs there (committed ones, on a fresh clone) stay as they are
+        raise HarnessError(f"{report.missing_runs(results_dir)}; {out} is left as it is")
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
     md = ["# Tables and figures", "", f"From the saved runs under `{results_dir}` (evaluation.report's numbers).", ""]
     captions: list[str] = []
     table = pd.DataFrame()
@@ -59,7 +67,7 @@ def build_all(results_dir: str | Path, out_dir: str | Path, published_csv: str |
             md += [f"### {heading}", "", _markdown(shown), ""]
             tex += [f"% setting {setting}",
                     _latex(shown, f"Speedup and MAT over vanilla: {heading}.", f"tab:table1-{setting}"), ""]
-        (out / "table1.tex").write_text("\n".join(tex))
+        write_text(out / "table1.tex", "\n".join(tex))
         written.append(out / "table1.tex")
 
     summary = summarize_settings(df) if not df.empty else pd.DataFrame()
@@ -98,6 +106,13 @@ def build_all(results_dir: str | Path, out_dir: str | Path, published_csv: str |
                         f"forward, verify, commit, update) per method, mean over repeats; {title}.")
         if not (summary[summary.setting == setting].method != "vanilla").any():
             continue
+        budget_figure = plot_budget(df, setting)
+        if budget_figure is not None:
+            pairs = budget_pairs(summary[summary.setting == setting])
+            _write_csv(pairs, out / f"budget_{setting}.csv")
+            written += [out / f"budget_{setting}.csv", *_save(budget_figure, out / f"budget_{setting}")]
+            captions.append(f"- `budget_{setting}.png/.pdf/.csv`: overall speedup against mean verified draft nodes "
+                            f"per step, each method with the draft budget off and auto (arrows); {title}.")
         written += _save(plot_acceptance(df, setting), out / f"acceptance_{setting}")
         captions.append(f"- `acceptance_{setting}.png/.pdf`: histogram of accepted tokens per step, and "
                         f"P(accepted length > d) per draft depth d, per method; all entries of accept_lengths, "
@@ -128,8 +143,9 @@ def build_all(results_dir: str | Path, out_dir: str | Path, published_csv: str |
         md += ["(Motivation figure skipped: no results/motivation/*.csv; run `python -m logitspec.motivation`.)", ""]
     if captions:
         md += ["## Figures", "", *captions, ""]
-    (out / "table1.md").write_text("\n".join(md))
+    write_text(out / "table1.md", "\n".join(md))
     written.insert(0, out / "table1.md")
+    _remove_old_outputs(out, written)
     return written
 
 
@@ -142,7 +158,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--motivation", nargs="*", default=None,
                         help="CSV(s) of logitspec.motivation (default: results/motivation/*.csv)")
     args = parser.parse_args(argv)
-    written = build_all(args.results, args.out, args.published, args.motivation)
+    try:
+        written = build_all(args.results, args.out, args.published, args.motivation)
+    except HarnessError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
     print((Path(args.out) / "table1.md").read_text())
     print("Written:", ", ".join(str(p) for p in written))
 

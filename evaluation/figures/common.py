@@ -17,6 +17,7 @@ import pandas as pd  # noqa: E402
 
 from evaluation import report  # noqa: E402
 from evaluation.engine.registry import method_info  # noqa: E402
+from evaluation.files import replacing  # noqa: E402
 from evaluation.report import method_sort_key  # noqa: E402 - one method order everywhere
 from evaluation.questions import SUBTASKS  # noqa: E402
 
@@ -28,7 +29,7 @@ DPI = 150
 EXTRA_COLOURS = ("#e377c2", "#393b79", "#637939", "#843c39", "#7b4173", "#3182bd", "#e6550d", "#31a354",
                  "#756bb1", "#636363", "#ad494a", "#8ca252")
 PART_COLOURS = {
-    "prefill": "#4e79a7", "draft": "#f28e2b", "tree": "#edc948", "forward": "#59a14f",
+    "prefill": "#4e79a7", "draft": "#f28e2b", "budget": "#ff9da7", "tree": "#edc948", "forward": "#59a14f",
     "verify": "#e15759", "commit": "#b07aa1", "update": "#9c755f",
 }
 SUBTASK_COLOURS = dict(zip((*SUBTASKS, "overall"),
@@ -116,14 +117,17 @@ def _title(setting_title: str, summary_rows: pd.DataFrame) -> str:
 
 def _save(fig, path_stem: Path) -> list[Path]:
     png, pdf = path_stem.with_suffix(".png"), path_stem.with_suffix(".pdf")
-    fig.savefig(png, dpi=DPI, metadata=PNG_METADATA, bbox_inches="tight")
-    fig.savefig(pdf, metadata=PDF_METADATA, bbox_inches="tight")
+    with replacing(png) as tmp:
+        fig.savefig(tmp, dpi=DPI, metadata=PNG_METADATA, bbox_inches="tight")
+    with replacing(pdf) as tmp:
+        fig.savefig(tmp, metadata=PDF_METADATA, bbox_inches="tight")
     plt.close(fig)
     return [png, pdf]
 
 
 def _write_csv(table: pd.DataFrame, path: Path) -> None:
-    table.to_csv(path, index=False, float_format=FLOAT_FORMAT, lineterminator="\n")
+    with replacing(path) as tmp:
+        table.to_csv(tmp, index=False, float_format=FLOAT_FORMAT, lineterminator="\n")
 
 
 def _markdown(shown: pd.DataFrame) -> str:

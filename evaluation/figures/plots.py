@@ -113,3 +113,64 @@ def plot_acceptance(df: pd.DataFrame, setting: str | None = None, include_vanill
         fig.legend(*left.get_legend_handles_labels(), loc="upper center", bbox_to_anchor=(0.5, 0.0),
                    ncol=min(len(lengths), 3), fontsize=8, frameon=False)
     return fig
+
+
+# ---------------------------------------------------------------- the draft budget
+
+
+BUDGET_SUFFIX = ",draft_budget="
+BUDGET_MARKERS = {"off": "o", "auto": "s", "auto,replayed_curve": "^"}
+BUDGET_NAMES = {"off": "draft budget off", "auto": "draft budget auto (this machine's curve)",
+                "auto,replayed_curve": "draft budget auto, replayed curve"}
+
+
+def budget_pairs(summary: pd.DataFrame) -> pd.DataFrame:
+    """Overall speedup, MAT and verified nodes per step of each method label with the draft budget off and on,
+    mean over repeats: one row per (label without the budget, budget setting)."""
+    overall = summary[(summary.subtask == "overall") & (summary.method != "vanilla")]
+    rows = []
+    for label, group in overall.groupby("method_label", sort=False):
+        base, _, budget = label.partition(BUDGET_SUFFIX)
+        rows.append({"method_label": base, "method": group.method.iloc[0], "budget": budget or "off",
+                     "speedup": group.speedup.mean(), "mat": group.mat.mean(),
+                     "verified_per_step": group.verified_per_step.mean(),
+                     "proposed_per_step": group.proposed_per_step.mean()})
+    return pd.DataFrame(rows)
+
+
+def plot_budget(df: pd.DataFrame, setting: str | None = None):
+    """Speedup against mean verified draft nodes per step, per method: the budget off (circle) and on (square),
+    joined by an arrow. Returns the figure, or None when no run of the setting used the budget."""
+    summary = summarize_settings(df)
+    setting = setting or sorted(summary.setting.unique())[0]
+    rows = summary[summary.setting == setting]
+    pairs = budget_pairs(rows)
+    if pairs.empty or (pairs.budget == "off").all():
+        return None
+    colours = colour_map(order_methods(pairs.drop_duplicates("method_label")))
+    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    for label in order_methods(pairs.drop_duplicates("method_label")):
+        mine = pairs[pairs.method_label == label].set_index("budget")
+        for i, (budget, r) in enumerate(mine.iterrows()):
+            ax.scatter(r.verified_per_step, r.speedup, marker=BUDGET_MARKERS.get(budget, "x"), s=46,
+                       color=colours[label], label=label if i == 0 else None, zorder=3)
+        for budget in mine.index.drop("off", errors="ignore"):
+            if "off" in mine.index:
+                a, b = mine.loc["off"], mine.loc[budget]
+                ax.annotate("", xy=(b.verified_per_step, b.speedup), xytext=(a.verified_per_step, a.speedup),
+                            arrowprops={"arrowstyle": "->", "color": colours[label], "lw": 1.0,
+                                        "linestyle": "-" if budget == "auto" else ":"})
+    ax.axhline(1.0, color="grey", linewidth=0.8, linestyle=":")
+    ax.set_xscale("symlog", linthresh=1)
+    ax.set_xlabel("verified draft nodes per decoding step (mean)")
+    ax.set_ylabel("speedup over vanilla (x)")
+    ax.grid(alpha=0.3)
+    handles = [plt.Line2D([], [], marker=marker, linestyle="", color="black", label=BUDGET_NAMES[budget])
+               for budget, marker in BUDGET_MARKERS.items() if budget in set(pairs.budget)]
+    first = ax.legend(handles=handles, fontsize=8, loc="lower right")
+    ax.add_artist(first)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, title="method",
+              title_fontsize=8)
+    ax.set_title("The draft budget: speedup against verified nodes per step\n"
+                 + _title(rows.setting_title.iloc[0], rows), fontsize=10)
+    return fig

@@ -1,0 +1,147 @@
+"""SAM-Decoding (spec §9): draft the continuation of the sequence's longest earlier match, from a suffix automaton.
+
+A suffix automaton over prompt + output (baselines/suffix_automaton.py) is extended with every committed token.
+Each step looks up the longest suffix of the sequence plus the pending token that occurred before. When it is at
+least `threshold` tokens long, the tokens after its earliest occurrence are drafted as one chain (upstream first
+walks up suffix links to a match with `n_predicts` tokens after it). Otherwise an auxiliary drafter drafts the
+step: Token Recycling's adjacency tree (SAM-Decoding's "SAM[TR]"), or nothing. See docs/sam.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import numpy as np
+
+from baselines.recycling import SCOPES, TEMPLATES, AdjacencyDrafter
+from baselines.suffix_automaton import SuffixAutomaton
+from evaluation.engine.method import DecodeState, Method, StepOutcome
+from evaluation.engine.registry import register_method
+from evaluation.engine.tree import DraftTree
+from evaluation.errors import require
+from evaluation.validation import MAX_DRAFT_NODES, require_int_range, require_number_range
+
+
+class FallbackDrafter(Protocol):
+    """What SAM-Decoding needs of its auxiliary drafter. A trained draft model (upstream's EAGLE-2) fits here too:
+    it would set `needs_hidden_states` and read `outcome.hidden_states` in `update`."""
+
+    needs_hidden_states: bool
+    max_nodes: int
+
+    def reset(self, prompt_ids: list[int]) -> None:
+        """A new turn, with the full prompt."""
+
+    def observe(self, state: DecodeState) -> None:
+        """Every step before drafting, whoever drafts: the pending token and the logits behind it."""
+
+    def draft(self, state: DecodeState) -> DraftTree:
+        """The tree below the pending token, used when the automaton's match is too short."""
+
+    def update(self, state: DecodeState, outcome: StepOutcome, node_tokens: np.ndarray) -> None:
+        """Every step, whoever drafted it: `node_tokens` are the verified nodes (pending token first)."""
+
+
+def _recycling(config: "SamConfig", model) -> FallbackDrafter:
+    return AdjacencyDrafter(model.model.config.vocab_size, config.recycling_template, config.adjacency_scope)
+
+
+# Auxiliary drafters by name; None = no fallback.
+FALLBACKS: dict[str, Callable[["SamConfig", object], FallbackDrafter] | None] = {
+    "recycling": _recycling,
+    "none": None,
+}
+
+
+@dataclass
+class SamConfig:
+    n_predicts: int = 40  # chain length counting the pending token: at most n_predicts - 1 drafts
+    threshold: int = 5  # shortest match (pending token included) that drafts from the automaton
+    fallback: str = "recycling"  # auxiliary drafter below the threshold: recycling (SAM[TR]) or none
+    recycling_template: str = "samd"  # the fallback's tree: SAM-Decoding's 60-node tree, or "2.2.2"
+    adjacency_scope: str = "process"  # the fallback matrix's lifetime, as Token Recycling's option
+    # Upstream pads the chain with token 0 up to n_predicts tokens; the padding is extra compute for nothing.
+    pad_chain: bool = False
+    # Without a fallback upstream drafts from every match, 1 + int(alpha * length) tokens long (pending token
+    # included, at most n_predicts) and without the walk up suffix links; false applies the threshold rule.
+    dynamic_length_without_fallback: bool = True
+    alpha: float = 4.0
+
+    def check(self) -> None:
+        require_int_range("n_predicts", self.n_predicts, 2, MAX_DRAFT_NODES + 1)
+        require_int_range("threshold", self.threshold, 1, 1_000_000)
+        require(self.fallback in FALLBACKS, "fallback", self.fallback, f"one of {sorted(FALLBACKS)}")
+        require(self.recycling_template in TEMPLATES, "recycling_template", self.recycling_template,
+                f"one of {sorted(TEMPLATES)}")
+        require(self.adjacency_scope in SCOPES, "adjacency_scope", self.adjacency_scope, f"one of {SCOPES}")
+        require(self.alpha > 0, "alpha", self.alpha, "a number > 0")
+        require_number_range("alpha", self.alpha, 1e-6, 1e6)
+
+
+@register_method("sam")
+class SamDecoding(Method):
+    """Suffix-automaton retrieval from the sequence itself, with an auxiliary drafter for short matches."""
+
+    title, family, table_order, colour = "SAM-Decoding", "retrieval", 27, "#8c564b"
+    published_names = ("SAMD", "SAM-Decoding", "SAM")
+
+    Config = SamConfig
+
+    def __init__(self, config: SamConfig, model):
+        super().__init__(config, model)
+        make = FALLBACKS[config.fallback]
+        self.fallback: FallbackDrafter | None = make(config, model) if make else None
+        self.needs_hidden_states = bool(self.fallback and self.fallback.needs_hidden_states)
+        self.automaton = SuffixAutomaton()
+        self.node_tokens = np.zeros(0, dtype=np.int64)
+        self.from_automaton = False  # whether the last draft came from the automaton (for tests and analysis)
+
+    @property
+    def max_nodes(self) -> int:
+        return max(self.config.n_predicts - 1, self.fallback.max_nodes if self.fallback else 0)
+
+    def reset(self, prompt_ids: list[int]) -> None:
+        self.automaton = SuffixAutomaton()
+        self.automaton.extend(prompt_ids)
+        if self.fallback:
+            self.fallback.reset(prompt_ids)
+
+    def _sync(self, tokens: list[int]) -> None:
+        """Add the committed tokens the automaton lacks; the pending token (tokens[-1]) stays out."""
+        if len(tokens) - 1 > len(self.automaton):
+            self.automaton.extend(tokens[len(self.automaton): -1])
+
+    def chain(self, pending: int) -> list[int] | None:
+        """The automaton's draft after `pending`, or None when the match is too short (the fallback's turn)."""
+        cfg, sam = self.config, self.automaton
+        state, length = sam.lookup(pending)
+        if self.fallback is None and cfg.dynamic_length_without_fallback:
+            size = min(cfg.n_predicts, 1 + int(length * cfg.alpha))
+            return sam.continuation(state, size - 1) if length > 0 else []
+        if length < cfg.threshold:
+            return None
+        drafts = sam.continuation(sam.with_room(state, cfg.n_predicts), cfg.n_predicts - 1)
+        if cfg.pad_chain:
+            drafts = drafts + [0] * (cfg.n_predicts - 1 - len(drafts))
+        return drafts
+
+    def draft(self, state: DecodeState) -> DraftTree:
+        self._sync(state.tokens)
+        if self.fallback is not None:
+            self.fallback.observe(state)
+        drafts = self.chain(state.tokens[-1])
+        self.from_automaton = drafts is not None
+        if drafts is not None:
+            tree = DraftTree.chain(drafts)
+        elif self.fallback is not None:
+            tree = self.fallback.draft(state)
+        else:
+            tree = DraftTree()
+        self.node_tokens = np.asarray([state.tokens[-1]] + list(tree.tokens), dtype=np.int64)
+        return tree
+
+    def update(self, state: DecodeState, outcome: StepOutcome) -> None:
+        self._sync(state.tokens)
+        if self.fallback is not None:
+            self.fallback.update(state, outcome, self.node_tokens)

@@ -1,0 +1,338 @@
+"""The draft budget: each step keeps only the part of a method's tree that is expected to pay on this machine.
+
+With `run.draft_budget=auto` the loop hands every proposed tree to `DraftBudget.select`, which keeps the subtree
+(a node only with its parent) that maximises the expected committed tokens per second,
+
+    (1 + sum of the kept nodes' acceptance probabilities) / t(1 + kept nodes + side nodes),
+
+where t(k) is the target's forward time for k new tokens on this model, device, dtype and thread count, and a
+node's acceptance probability is the chance that its whole path is accepted. Drafting nothing is one of the
+choices (it is vanilla's step). Pruning a draft never changes the greedy output: the bonus token after the last
+accepted node is the target's own argmax whatever was drafted.
+
+- Latency: `LatencyCurve`, measured by a short calibration (`calibrate`, a few seconds) and cached on disk under
+  the harness cache dir with its key, or replayed from a file (`run.latency_curve=FILE`, e.g. the
+  `forward_latency.csv` that `python -m evaluation.bench_engine` writes on another machine). A measured curve is
+  kept honest online from the forward times the loop measures anyway; a replayed one is left as given.
+- Acceptance: `AcceptanceModel`, the probability that a node is accepted given that its parent is, from its depth,
+  its rank among its siblings and an optional per-node score the method supplies (`DraftTree.scores`, in [0, 1]),
+  learned online from every step as Beta counts per bucket, from every proposed node (verified or cut) whose
+  outcome the committed tokens reveal. A path's probability is the product along it.
+- Selection: a child's path probability never exceeds its parent's, so the best subtree of n nodes is the n most
+  probable nodes (ties broken by layout order, which puts parents first); one sort and a scan over n finds the
+  best n. `tests/test_budget.py` checks this against brute force over all subtrees.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from evaluation.engine.kv_cache import cache_for
+from evaluation.engine.tree import DraftTree, SideNodes, build_tree_inputs
+from evaluation.errors import HarnessError
+
+BUDGET_MODES = ("off", "auto")
+CALIBRATION_WIDTHS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+
+
+# ---------------------------------------------------------------- latency
+
+
+def forward_latency(lm, context: list[int], widths, repeats: int, warmups: int = 2) -> pd.DataFrame:
+    """Median forward time of k new tokens (a chain) over `context`, for each k in `widths`."""
+    rows = []
+    cache = cache_for(lm.model, len(context) + max(widths) + 1)
+    sync = torch.cuda.synchronize if lm.device.type == "cuda" else (lambda: None)
+    with torch.inference_mode():
+        prefill = build_tree_inputs(context[0], DraftTree.chain(context[1:]), 0, lm.dtype, lm.device)
+        lm.model(input_ids=prefill.input_ids, position_ids=prefill.position_ids,
+                 attention_mask=prefill.attention_mask, cache=cache, use_cache=True)
+        base = cache.length
+        for k in widths:
+            chain = [context[i % len(context)] for i in range(k - 1)]
+            inputs = build_tree_inputs(context[-1], DraftTree.chain(chain), base, lm.dtype, lm.device)
+            times = []
+            for i in range(repeats + warmups):
+                cache.crop(base)
+                sync()
+                t0 = time.perf_counter()
+                lm.model(input_ids=inputs.input_ids, position_ids=inputs.position_ids,
+                         attention_mask=inputs.attention_mask, cache=cache, use_cache=True)
+                sync()
+                if i >= warmups:
+                    times.append(time.perf_counter() - t0)
+            rows.append({"new_tokens": k, "context": base, "median_ms": 1000 * statistics.median(times),
+                         "min_ms": 1000 * min(times)})
+    table = pd.DataFrame(rows)
+    table["vs_one_token"] = table.median_ms / table.median_ms.iloc[0]
+    table["best_case_speedup"] = table.new_tokens / table.vs_one_token
+    return table
+
+
+@dataclass
+class LatencyCurve:
+    """t(k): seconds of one target forward over k new tokens, interpolated linearly between measured k."""
+
+    new_tokens: np.ndarray  # increasing, starting at 1
+    seconds: np.ndarray
+    source: str = ""  # where it came from: "calibrated <file>" or "replayed <file>"
+    online: bool = True  # correct it from observed forward times (not for a curve replayed from elsewhere)
+
+    def __post_init__(self):
+        self.new_tokens = np.asarray(self.new_tokens, dtype=float)
+        self.seconds = np.maximum.accumulate(np.asarray(self.seconds, dtype=float))
+        self._log_k = np.log2(self.new_tokens)
+
+    def __call__(self, k) -> np.ndarray:
+        """Forward seconds for k new tokens (k may be an array); beyond the last point the last slope goes on."""
+        k = np.asarray(k, dtype=float)
+        t = np.interp(k, self.new_tokens, self.seconds)
+        if len(self.new_tokens) > 1:
+            slope = (self.seconds[-1] - self.seconds[-2]) / (self.new_tokens[-1] - self.new_tokens[-2])
+            t = np.where(k > self.new_tokens[-1], self.seconds[-1] + slope * (k - self.new_tokens[-1]), t)
+        return t
+
+    def observe(self, k: int, seconds: float, weight: float = 0.05) -> None:
+        """Move the measured point nearest to k (in log k) toward what this forward took."""
+        if not self.online or seconds <= 0:
+            return
+        i = int(np.argmin(np.abs(self._log_k - np.log2(k))))
+        ratio = seconds / float(self(k))
+        self.seconds[i] *= (1 - weight) + weight * min(max(ratio, 0.25), 4.0)  # one outlier moves it little
+        self.seconds = np.maximum.accumulate(self.seconds)
+
+    @classmethod
+    def from_table(cls, table: pd.DataFrame, source: str, online: bool) -> "LatencyCurve":
+        table = table.sort_values("new_tokens")
+        return cls(table.new_tokens.to_numpy(), table.median_ms.to_numpy() / 1000, source, online)
+
+    @classmethod
+    def read(cls, path: str | Path, online: bool = False, model: str | None = None) -> "LatencyCurve":
+        """A curve file: CSV with columns new_tokens and median_ms (what bench_engine writes), k = 1 included."""
+        path = Path(path)
+        try:
+            table = pd.read_csv(path)
+        except (OSError, ValueError) as exc:
+            raise HarnessError(f"latency curve {path}: cannot be read ({str(exc).splitlines()[0]})") from None
+        problem = check_curve_table(table)
+        if problem:
+            raise HarnessError(f"latency curve {path}: {problem}")
+        if model is not None and "model" in table and str(table.model.iloc[0]) != model:
+            raise HarnessError(f"latency curve {path} was measured on model {table.model.iloc[0]!r}, not {model!r}")
+        return cls.from_table(table, f"replayed {path}", online)
+
+
+def check_curve_table(table: pd.DataFrame) -> str:
+    """What is wrong with a latency-curve table, or "" when it can be used."""
+    missing = {"new_tokens", "median_ms"} - set(table.columns)
+    if missing:
+        return f"missing columns {sorted(missing)} (needs new_tokens and median_ms)"
+    k = pd.to_numeric(table.new_tokens, errors="coerce")
+    t = pd.to_numeric(table.median_ms, errors="coerce")
+    if k.isna().any() or t.isna().any():
+        return "new_tokens and median_ms must be numbers"
+    if 1 not in set(k) or (k < 1).any() or not k.is_unique or (t <= 0).any():
+        return "needs k = 1, distinct k >= 1 and positive times"
+    return ""
+
+
+def calibration_key(lm) -> str:
+    """What the forward time depends on: model, device, dtype, threads and library versions."""
+    from evaluation.runner import environment  # the same device and library description the manifests carry
+
+    env = environment(lm)
+    key = {"model": lm.source, "dtype": str(lm.dtype), "device": lm.device.type,
+           "device_name": env.get("gpu") or env.get("cpu"), "threads": torch.get_num_threads(),
+           "torch": torch.__version__, "widths": CALIBRATION_WIDTHS}
+    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def calibrate(lm, cache_dir: Path, repeats: int = 3, context_tokens: int = 256) -> LatencyCurve:
+    """The cached curve for this model and machine, or a fresh measurement (a few seconds) written to the cache."""
+    path = Path(cache_dir) / "latency" / f"{calibration_key(lm)}.csv"
+    if path.is_file():
+        table = pd.read_csv(path)
+        if not check_curve_table(table):
+            return LatencyCurve.from_table(table, f"calibrated {path} (cached)", online=True)
+    context = [int(t) % lm.model.config.vocab_size for t in range(1000, 1000 + context_tokens)]
+    table = forward_latency(lm, context, CALIBRATION_WIDTHS, repeats)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".tmp")
+    table.to_csv(partial, index=False)
+    partial.replace(path)
+    return LatencyCurve.from_table(table, f"calibrated {path}", online=True)
+
+
+# ---------------------------------------------------------------- acceptance
+
+
+@dataclass
+class AcceptanceModel:
+    """P(node accepted | parent accepted) per (depth, sibling rank, score) bucket, as Beta(accepted, rejected)
+    counts; the prior says a first child at depth 1 is accepted half the time, less for later siblings and
+    deeper nodes, and weighs as `prior_strength` observations."""
+
+    max_depth: int = 8
+    max_rank: int = 4
+    score_buckets: int = 5  # bucket 0: no score; 1..4: score quartiles in [0, 1]
+    prior_strength: float = 2.0
+    accepted: np.ndarray = field(init=False)
+    tested: np.ndarray = field(init=False)
+
+    def __post_init__(self):
+        depth = np.arange(1, self.max_depth + 1)[:, None, None]
+        rank = np.arange(self.max_rank)[None, :, None]
+        prior = 0.5 * 0.8 ** (depth - 1) / (1 + rank) * np.ones((1, 1, self.score_buckets))
+        self.accepted = prior * self.prior_strength
+        self.tested = np.full_like(self.accepted, self.prior_strength)
+
+    def buckets(self, parents: np.ndarray, depths: np.ndarray, scores: np.ndarray | None) -> tuple:
+        """Bucket indices of draft nodes 1..T-1 (node 0, the pending token, has none)."""
+        n = len(parents)
+        ranks = np.zeros(n, dtype=np.int64)
+        children = np.zeros(n, dtype=np.int64)
+        for i in range(1, n):  # layout order among the children of one parent
+            ranks[i] = children[parents[i]]
+            children[parents[i]] += 1
+        d = np.minimum(depths[1:], self.max_depth) - 1
+        r = np.minimum(ranks[1:], self.max_rank - 1)
+        if scores is None:
+            s = np.zeros(n - 1, dtype=np.int64)
+        else:
+            s = 1 + np.minimum((np.clip(scores, 0.0, 1.0) * (self.score_buckets - 1)).astype(np.int64),
+                               self.score_buckets - 2)
+        return d, r, s
+
+    def path_probabilities(self, parents: np.ndarray, depths: np.ndarray, scores: np.ndarray | None) -> np.ndarray:
+        """P(the path to node i is accepted) for draft nodes 1..T-1: products of the conditional estimates."""
+        d, r, s = self.buckets(parents, depths, scores)
+        conditional = self.accepted[d, r, s] / self.tested[d, r, s]
+        p = np.ones(len(parents))
+        for i in range(1, len(parents)):  # parents precede children
+            p[i] = p[parents[i]] * conditional[i - 1]
+        return p[1:]
+
+    def observe(self, parents: np.ndarray, depths: np.ndarray, scores: np.ndarray | None, tokens: np.ndarray,
+                committed: list[int]) -> None:
+        """Count, for every proposed node whose outcome the step reveals, whether it would be accepted.
+
+        Greedy output does not depend on the draft, so the committed chunk (accepted drafts, then the bonus) says
+        it for every proposed node, verified or cut by the budget: the node at depth d is right when its parent
+        is and its token is committed[d-1]. Learning from cut nodes too means that a tree cut to nothing still
+        teaches the model, so an estimate that has fallen too low can recover. Nodes below depth len(committed)
+        stay unknown and are not counted.
+        """
+        n = len(parents)
+        if n < 2:
+            return
+        right = np.zeros(n, dtype=bool)
+        tested = np.zeros(n, dtype=bool)
+        right[0] = True
+        for i in range(1, n):  # parents precede children
+            d = depths[i]
+            if right[parents[i]] and d <= len(committed):
+                tested[i] = True
+                right[i] = tokens[i] == committed[d - 1]
+        d, r, s = self.buckets(parents, depths, scores)
+        t = tested[1:]
+        np.add.at(self.tested, (d[t], r[t], s[t]), 1.0)
+        hit = t & right[1:]
+        np.add.at(self.accepted, (d[hit], r[hit], s[hit]), 1.0)
+
+
+# ---------------------------------------------------------------- selection
+
+
+def best_subtree(probabilities: np.ndarray, parents: np.ndarray, latency, side_nodes: int = 0) -> np.ndarray:
+    """Draft nodes (1-based tree indices, increasing) of the subtree that maximises expected committed tokens per
+    second, (1 + sum p) / t(1 + n + side_nodes); empty when drafting nothing is best.
+
+    `probabilities[i-1]` is the path probability of draft node i and never exceeds its parent's, so the best
+    subtree of n nodes holds the n most probable nodes; ties go to the earlier node, which keeps parents first.
+    """
+    n = len(probabilities)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    order = np.argsort(-probabilities, kind="stable")
+    expected = 1.0 + np.concatenate([[0.0], np.cumsum(probabilities[order])])
+    rate = expected / latency(1 + side_nodes + np.arange(n + 1))
+    best = int(np.argmax(rate))  # the first maximum: the smallest tree among equals
+    kept = np.sort(order[:best]) + 1
+    keep = np.zeros(n + 1, dtype=bool)
+    keep[kept] = True
+    for i in kept[::-1]:  # a node only with its parent (holds by construction; kept for safety under ties)
+        keep[parents[i]] = True
+    return np.flatnonzero(keep[1:]) + 1
+
+
+def prune(tree: DraftTree, kept: np.ndarray) -> DraftTree:
+    """The tree restricted to the draft nodes `kept` (1-based, increasing, closed under parents), renumbered;
+    side nodes stay, their references to tree nodes renumbered."""
+    old_size = 1 + len(tree.tokens)
+    new_index = np.full(old_size, -1, dtype=np.int64)
+    new_index[0] = 0
+    new_index[kept] = np.arange(1, len(kept) + 1)
+    tokens = [tree.tokens[i - 1] for i in kept]
+    parents = [int(new_index[tree.parents[i - 1]]) for i in kept]
+    scores = [tree.scores[i - 1] for i in kept] if tree.scores is not None else None
+    side = None
+    if tree.side is not None:
+        shift = old_size - (1 + len(kept))
+
+        def renumber(j: int) -> int | None:
+            return j - shift if j >= old_size else (int(new_index[j]) if new_index[j] >= 0 else None)
+
+        sees = [[r for r in map(renumber, seen) if r is not None] for seen in tree.side.sees]
+        side = SideNodes(list(tree.side.tokens), list(tree.side.offsets), sees)
+    return DraftTree(tokens=tokens, parents=parents, side=side, scores=scores)
+
+
+class DraftBudget:
+    """Decides, each step, how much of the proposed tree to verify; learns from every step's outcome."""
+
+    def __init__(self, latency: LatencyCurve, acceptance: AcceptanceModel | None = None):
+        self.latency = latency
+        self.acceptance = acceptance or AcceptanceModel()
+        self._proposed = None  # the last proposed tree's parents, depths, scores and tokens, for `observe`
+
+    def select(self, tree: DraftTree) -> tuple[DraftTree, np.ndarray | None]:
+        """The kept tree and, when anything was cut, the proposed index of each kept node (node 0 first)."""
+        self._proposed = None
+        if not tree.tokens or getattr(tree, "rows", None) is not None:
+            return tree, None  # explicit verification rows (Gumiho's FTA) are verified as the method laid them out
+        parents = np.asarray([-1] + list(tree.parents), dtype=np.int64)
+        depths = np.zeros(len(parents), dtype=np.int64)
+        for i in range(1, len(parents)):
+            depths[i] = depths[parents[i]] + 1
+        scores = np.asarray(tree.scores, dtype=float) if tree.scores is not None else None
+        self._proposed = (parents, depths, scores, np.asarray([-1] + list(tree.tokens), dtype=np.int64))
+        p = self.acceptance.path_probabilities(parents, depths, scores)
+        side = len(tree.side.tokens) if tree.side is not None else 0
+        kept = best_subtree(p, parents, self.latency, side)
+        if len(kept) == len(tree.tokens):
+            return tree, None
+        return prune(tree, kept), np.concatenate([[0], kept])
+
+    def observe(self, committed: list[int], forward_tokens: int, forward_seconds: float) -> None:
+        """Learn from one step: what the proposed tree would have had accepted, and how long the forward took."""
+        if self._proposed is not None:
+            self.acceptance.observe(*self._proposed, committed)
+        self.latency.observe(forward_tokens, forward_seconds)
+
+
+def make_budget(mode: str, lm, curve_file: str | None, cache_dir: Path, model: str) -> DraftBudget | None:
+    """The run's budget: None when off; with `auto`, a replayed curve file or this machine's calibration."""
+    if mode == "off":
+        return None
+    if curve_file:
+        return DraftBudget(LatencyCurve.read(curve_file, online=False, model=model))
+    return DraftBudget(calibrate(lm, cache_dir))

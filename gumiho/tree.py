@@ -1,0 +1,134 @@
+"""Draft-tree search and selection (methods.md §7.3) and Full Tree Attention rows (§7.4), as plain tensor logic.
+
+A step builds a *pool* of candidate nodes level by level, each with a token, a cumulative log-probability and
+the pool index of its parent (-1 = the root, i.e. the pending token):
+  - a serial level expands every beam by its top-k tokens (scores add up along the path);
+    Gumiho keeps the global top-k of those in the pool, EAGLE-2 puts all of them in and keeps the top-k as beams;
+  - an MLP level (Gumiho) expands every beam by the top-`mlptopk` tokens of its anchor's head output and keeps
+    the global top-`pruning`.
+Then the `budget` best nodes are chosen (`select_nodes`) and laid out in pool order (`layout`).
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+import torch
+
+ROOT = -1
+
+
+@dataclass
+class Pool:
+    """Candidate nodes in creation order: parents always come before their children."""
+
+    tokens: list[int] = field(default_factory=list)
+    scores: list[float] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)  # pool index, ROOT for a child of the pending token
+
+    def add(self, tokens, scores, parents) -> list[int]:
+        start = len(self.tokens)
+        self.tokens += [int(t) for t in tokens]
+        self.scores += [float(s) for s in scores]
+        self.parents += [int(p) for p in parents]
+        return list(range(start, len(self.tokens)))
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass
+class Expansion:
+    """Children chosen from a level: the beam each came from, its token and cumulative score (best first)."""
+
+    beam: torch.Tensor  # [n] index into the expanded beams
+    tokens: torch.Tensor  # [n]
+    scores: torch.Tensor  # [n]
+
+
+def expand(beam_scores: torch.Tensor, log_probs: torch.Tensor, per_beam: int, keep: int | None) -> tuple[
+        Expansion, Expansion]:
+    """Each beam's top-`per_beam` tokens with cumulative scores; returns (all children in beam-major order,
+    the global top-`keep` of them, best first). Ties in the global top-k go to the lower flat index, i.e. the
+    earlier beam, then the better rank within it."""
+    top = torch.topk(log_probs, per_beam, dim=-1)
+    cumulative = top.values + beam_scores[:, None]
+    flat_scores = cumulative.reshape(-1)
+    flat_tokens = top.indices.reshape(-1)
+    beams = torch.arange(log_probs.shape[0], device=log_probs.device).repeat_interleave(per_beam)
+    everything = Expansion(beams, flat_tokens, flat_scores)
+    if keep is None:
+        return everything, everything
+    keep = min(keep, flat_scores.numel())
+    # A stable sort on the negated scores: ties keep the flat order (deterministic, unlike torch.topk).
+    order = torch.sort(-flat_scores, stable=True).indices[:keep]
+    return everything, Expansion(beams[order], flat_tokens[order], flat_scores[order])
+
+
+def select_nodes(pool: Pool, budget: int) -> list[int]:
+    """The `budget` best pool nodes, ancestor-closed, in pool order.
+
+    Best-first from the root: the frontier holds the children of the root and of every chosen node; the best
+    score wins, ties by the lower pool index. Scores never increase along a path, so this is the global top-
+    `budget` by (score desc, pool index), and a tie at the cut-off can never take a child without its parent.
+    The count is exactly min(budget, len(pool)).
+    """
+    children: dict[int, list[int]] = {}
+    for index, parent in enumerate(pool.parents):
+        children.setdefault(parent, []).append(index)
+    frontier = [(-pool.scores[i], i) for i in children.get(ROOT, [])]
+    heapq.heapify(frontier)
+    chosen: list[int] = []
+    while frontier and len(chosen) < budget:
+        _, index = heapq.heappop(frontier)
+        chosen.append(index)
+        for child in children.get(index, []):
+            heapq.heappush(frontier, (-pool.scores[child], child))
+    return sorted(chosen)
+
+
+def layout(pool: Pool, chosen: list[int]) -> tuple[list[int], list[int]]:
+    """Draft tokens and parents for `DraftTree`: node i+1 is chosen[i]; parent 0 is the pending token."""
+    tree_index = {pool_index: i + 1 for i, pool_index in enumerate(chosen)}
+    tokens = [pool.tokens[i] for i in chosen]
+    parents = [0 if pool.parents[i] == ROOT else tree_index[pool.parents[i]] for i in chosen]
+    return tokens, parents
+
+
+def root_paths(parents: list[int]) -> list[list[int]]:
+    """One row per leaf, in increasing leaf index (upstream's greedy order): node 0 first, then down to the leaf.
+    `parents[i]` is the parent of node i + 1 (the DraftTree convention)."""
+    full = [-1] + list(parents)
+    is_parent = set(full[1:])
+    rows = []
+    for node in range(len(full)):
+        if node in is_parent:
+            continue
+        row = [node]
+        while row[-1] != 0:
+            row.append(full[row[-1]])
+        rows.append(row[::-1])
+    return rows
+
+
+def fta_rows(paths: list[list[int]]) -> list[list[int]]:
+    """Full Tree Attention (§7.4): pad each short path, column by column, with the most frequent real node of
+    that column (ties: the smallest node index). Columns from the shortest path's length on are filled.
+
+    Upstream sorts nothing in greedy mode: its rows are in leaf order, which puts short rows first only because
+    leaves with smaller tree indices tend to be shallower; it reads `first` from row 0. So does this function.
+    """
+    width = max(len(p) for p in paths)
+    rows = [list(p) for p in paths]
+    first = len(rows[0])
+    for col in range(first, width):
+        real = [row[col] for row in rows if len(row) > col]
+        counts: dict[int, int] = {}
+        for node in real:
+            counts[node] = counts.get(node, 0) + 1
+        star = min(counts, key=lambda node: (-counts[node], node))
+        for row in rows:
+            if len(row) == col:
+                row.append(star)
+    return rows

@@ -1,0 +1,171 @@
+"""The draft budget: the selection against brute force, pruning, the acceptance and latency models, the cached
+calibration, replayed curves, and losslessness of every method with the budget on."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from evaluation import figures, report, runner
+from evaluation.engine import method_class
+from evaluation.engine.budget import (AcceptanceModel, DraftBudget, LatencyCurve, best_subtree, calibrate,
+                                      prune)
+from evaluation.engine.tree import DraftTree, SideNodes
+from evaluation.errors import HarnessError
+from tests.conftest import ONE_PER_SUBTASK
+from tests.test_runner import QUESTIONS, small_config, write_questions
+
+# Latency curves of different shapes: a GPU-like flat one, this CPU's measured one (ms, results/engine), a steep one.
+FLAT = LatencyCurve([1, 64, 128], [0.020, 0.021, 0.024])
+CPU = LatencyCurve([1, 2, 4, 8, 16, 32, 64], [0.085, 0.137, 0.140, 0.150, 0.159, 0.184, 0.230])
+STEEP = LatencyCurve([1, 2], [1.0, 2.0])  # t(k) = k: a draft token costs as much as a step
+
+
+def random_tree(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Parents (node 0 = -1) of a random tree of n draft nodes, and path probabilities from random conditionals."""
+    parents = np.array([-1] + [int(rng.integers(0, i)) for i in range(1, n + 1)])
+    conditional = rng.uniform(0, 1, n + 1) ** rng.uniform(0.3, 3)
+    p = np.ones(n + 1)
+    for i in range(1, n + 1):
+        p[i] = p[parents[i]] * conditional[i]
+    return parents, p[1:]
+
+
+def brute_force(parents: np.ndarray, p: np.ndarray, latency, side: int = 0) -> float:
+    """The best rate over every subtree closed under parents, the empty one included."""
+    n = len(p)
+    best = 1.0 / float(latency(1 + side))
+    for mask in itertools.product([False, True], repeat=n):
+        kept = [i + 1 for i in range(n) if mask[i]]
+        if all(parents[i] == 0 or mask[parents[i] - 1] for i in kept):
+            best = max(best, (1 + sum(p[i - 1] for i in kept)) / float(latency(1 + side + len(kept))))
+    return best
+
+
+@pytest.mark.parametrize("latency", [FLAT, CPU, STEEP], ids=["flat", "cpu", "steep"])
+def test_selection_equals_brute_force_over_subtrees(latency):
+    rng = np.random.default_rng(0)
+    for trial in range(150):
+        parents, p = random_tree(rng, int(rng.integers(1, 11)))
+        side = int(rng.integers(0, 3)) if trial % 3 == 0 else 0
+        kept = best_subtree(p, parents, latency, side)
+        assert all(parents[i] == 0 or parents[i] in kept for i in kept)  # a node only with its parent
+        rate = (1 + p[kept - 1].sum()) / float(latency(1 + side + len(kept)))
+        assert rate == pytest.approx(brute_force(parents, p, latency, side), rel=1e-12, abs=0)
+
+
+def test_hand_made_cases():
+    parents = np.array([-1, 0, 1, 0])  # a chain of two below the root, and a second child of the root
+    p = np.array([0.9, 0.72, 0.05])
+    assert best_subtree(p, parents, FLAT).tolist() == [1, 2, 3]  # nearly free: keep everything
+    assert best_subtree(p, parents, STEEP).tolist() == []  # (1 + p) / 2 < 1 for any p < 1: draft nothing
+    # t = 1, 1.5, 2.0, 2.5: one node (1.9 / 1.5 = 1.27) loses to two (2.62 / 2.0 = 1.31), three lose (2.67 / 2.5).
+    linear = LatencyCurve([1, 2], [1.0, 1.5])
+    assert best_subtree(p, parents, linear).tolist() == [1, 2]
+    # Ties at equal probability go to the earlier node, its parent first.
+    assert best_subtree(np.array([0.5, 0.5, 0.5]), np.array([-1, 0, 1, 1]), LatencyCurve([1, 2], [1.0, 1.4])
+                        ).tolist() == [1, 2, 3]
+
+
+def test_prune_renumbers_tree_and_side_nodes():
+    tree = DraftTree([10, 11, 12, 13], [0, 1, 0, 3], SideNodes([20, 21], [1, 2], [[0, 5], [0, 5, 6]]),
+                     scores=[0.9, 0.8, 0.1, 0.05])
+    kept = prune(tree, np.array([1, 2]))
+    assert kept.tokens == [10, 11] and kept.parents == [0, 1] and kept.scores == [0.9, 0.8]
+    assert kept.side.tokens == [20, 21] and kept.side.sees == [[0, 3], [0, 3, 4]]  # side nodes move up by two
+
+
+def test_acceptance_model_learns_and_scores_separate():
+    model = AcceptanceModel()
+    parents, depths = np.array([-1, 0, 0]), np.array([0, 1, 1])
+    prior = model.path_probabilities(parents, depths, None)
+    assert prior[0] > prior[1] > 0  # the first sibling is the likelier
+    for _ in range(200):  # the first child is always right, the second never
+        model.observe(parents, depths, None, np.array([5, 7, 8]), [7, 0])
+    learned = model.path_probabilities(parents, depths, None)
+    assert learned[0] > 0.95 and learned[1] < 0.05
+    scored = AcceptanceModel()
+    for _ in range(100):  # a high score is accepted, a low one is not, at the same depth and rank
+        scored.observe(np.array([-1, 0]), np.array([0, 1]), np.array([0.9]), np.array([5, 7]), [7, 0])
+        scored.observe(np.array([-1, 0]), np.array([0, 1]), np.array([0.1]), np.array([5, 7]), [6])
+    # A node below the committed chunk reveals nothing; a cut node that matches the committed tokens counts.
+    before = scored.tested.copy()
+    scored.observe(np.array([-1, 0, 1]), np.array([0, 1, 2]), None, np.array([5, 7, 9]), [7])
+    assert (scored.tested - before).sum() == 1
+    high, low = (scored.path_probabilities(np.array([-1, 0]), np.array([0, 1]), np.array([s]))[0] for s in (0.9, 0.1))
+    assert high > 0.9 and low < 0.1
+
+
+def test_latency_curve_interpolates_learns_and_reads_files(tmp_path):
+    curve = LatencyCurve([1, 4], [0.1, 0.4])
+    assert float(curve(2)) == pytest.approx(0.2) and float(curve(8)) == pytest.approx(0.8)  # the last slope goes on
+    for _ in range(200):
+        curve.observe(4, 0.8)  # this machine turns out twice as slow at k = 4
+    assert float(curve(4)) == pytest.approx(0.8, rel=0.05)
+    path = tmp_path / "curve.csv"
+    pd.DataFrame({"new_tokens": [1, 64], "median_ms": [20.0, 21.0], "model": ["smollm2-135m"] * 2}).to_csv(path)
+    replayed = LatencyCurve.read(path, model="smollm2-135m")
+    assert float(replayed(64)) == pytest.approx(0.021) and not replayed.online
+    with pytest.raises(HarnessError, match="measured on model 'smollm2-135m', not 'vicuna-7b-v1.3'"):
+        LatencyCurve.read(path, model="vicuna-7b-v1.3")
+    (tmp_path / "bad.csv").write_text("k,ms\n1,2\n")
+    with pytest.raises(HarnessError, match="missing columns"):
+        LatencyCurve.read(tmp_path / "bad.csv")
+    with pytest.raises(HarnessError, match="cannot be read"):
+        LatencyCurve.read(tmp_path / "absent.csv")
+
+
+def test_calibration_is_measured_once_then_cached(lm, tmp_path):
+    first = calibrate(lm, tmp_path, repeats=1)
+    assert first.source.startswith("calibrated") and "cached" not in first.source
+    assert first.seconds[0] > 0 and np.all(np.diff(first.seconds) >= 0)
+    [cached_file] = (tmp_path / "latency").glob("*.csv")
+    second = calibrate(lm, tmp_path)
+    assert second.source.endswith("(cached)") and np.allclose(second.seconds, first.seconds)
+    assert cached_file.is_file()
+
+
+# A curve on which a node pays when its path is accepted more than about a quarter of the time: cuts happen.
+MODERATE = LatencyCurve([1, 2, 128], [1.0, 1.25, 33.0])
+
+BUDGET_METHODS = ["pld", "lookahead", "rest", "logitspec"]
+
+
+@pytest.mark.parametrize("name", BUDGET_METHODS)
+def test_every_method_with_the_budget_is_lossless(lm, assert_lossless, name):
+    budget = DraftBudget(LatencyCurve(MODERATE.new_tokens, MODERATE.seconds, online=False))
+    cls = method_class(name)
+    results = assert_lossless(cls(cls.Config(), lm), names=ONE_PER_SUBTASK, budget=budget)
+    proposed = sum(sum(r.proposed_nodes) for r in results.values())
+    verified = sum(sum(r.verified_nodes) for r in results.values())
+    assert verified < proposed  # the budget did cut
+    assert sum(len(r.new_ids) for r in results.values()) > sum(r.steps for r in results.values())  # drafts pay
+
+
+def test_runner_records_proposed_and_verified_nodes(lm, tmp_path):
+    qfile = write_questions(tmp_path / "q.jsonl", QUESTIONS[:2])
+    curve = tmp_path / "curve.csv"
+    pd.DataFrame({"new_tokens": MODERATE.new_tokens, "median_ms": MODERATE.seconds * 1000}).to_csv(curve)
+    for extra in ([], ["run.draft_budget=auto", f"run.latency_curve={curve}"]):
+        for method in ("vanilla", "pld"):
+            runner.run(small_config(tmp_path, qfile, f"method={method}", "bench.max_new_tokens=24", *extra))
+    df = report.load_runs(tmp_path / "runs")
+    budgeted = "pld,draft_budget=auto,replayed_curve"
+    assert sorted(df.method_label.unique()) == ["pld", budgeted, "vanilla"]
+    folder = Path(df[df.method_label == budgeted].run_dir.iloc[0])
+    assert json.loads((folder / "manifest.json").read_text())["draft_budget"]["latency"].startswith("replayed")
+    choice = json.loads((folder / "answers.jsonl").read_text().splitlines()[0])["choices"][0]
+    assert len(choice["verified_nodes"]) == len(choice["accept_lengths"]) - len(choice["turns"])
+    assert all(v <= p for v, p in zip(choice["verified_nodes"], choice["proposed_nodes"]))
+    overall = report.summarize(df).query("subtask == 'overall'").set_index("method_label")
+    assert overall.loc["vanilla", "verified_per_step"] == 0
+    assert overall.loc[budgeted, "verified_per_step"] < overall.loc["pld", "proposed_per_step"]
+    written = figures.build_all(tmp_path / "runs", tmp_path / "figures", published_csv=tmp_path / "absent.csv")
+    pairs = pd.read_csv(next(p for p in written if p.name.startswith("budget_") and p.suffix == ".csv"))
+    assert sorted(pairs.budget) == ["auto,replayed_curve", "off"] and set(pairs.method_label) == {"pld"}
+    assert any(p.name.startswith("budget_") and p.suffix == ".png" for p in written)

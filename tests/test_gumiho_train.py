@@ -1,0 +1,81 @@
+"""Gumiho training on a tiny slice: the data's loss mask, a few steps lower the loss, a stopped run resumes to
+the state of an uninterrupted one, and the held-out per-depth evaluation runs."""
+
+from __future__ import annotations
+
+import torch
+
+from gumiho.data import iter_samples, messages_of, render
+from gumiho.evaluate import depth_accuracy
+from gumiho.train import Trainer, TrainOptions
+from tests.conftest import question_file
+
+
+def test_loss_mask_covers_exactly_the_assistant_replies(lm):
+    record = {"conversations": [{"from": "gpt", "value": "dropped: a leading reply"},
+                                {"from": "human", "value": "Name a colour."},
+                                {"from": "gpt", "value": "Blue is a colour."},
+                                {"from": "human", "value": "Another one?"},
+                                {"from": "gpt", "value": "Green."}]}
+    messages = messages_of(record)
+    assert [m["role"] for m in messages] == ["user", "assistant", "user", "assistant"]
+    ids, mask = render(lm.tokenizer, lm.chat_template, messages, 512)
+    assert ids == lm.tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False)
+    masked = lm.tokenizer.decode([t for t, m in zip(ids, mask) if m])
+    assert "Blue is a colour." in masked and "Green." in masked
+    assert "colour." in masked and "Name" not in masked and "Another" not in masked and "user" not in masked
+    assert render(lm.tokenizer, lm.chat_template, messages, 12) is None or len(render(
+        lm.tokenizer, lm.chat_template, messages, 12)[0]) == 12
+
+
+def test_sharegpt_is_read_record_by_record(lm):
+    samples = iter_samples(lm.tokenizer, lm.chat_template, 64)
+    first = [next(samples) for _ in range(3)]
+    assert all(len(s.input_ids) <= 64 and any(s.loss_mask) for s in first)
+    assert first[0].record < first[1].record < first[2].record
+    again = next(iter_samples(lm.tokenizer, lm.chat_template, 64, start=first[1].record))
+    assert again == first[1]
+
+
+def options(tmp_path, **changes) -> TrainOptions:
+    base = dict(max_length=48, warmup_steps=0, decay_steps=1000, lr=1e-3, eval_questions=1, eval_new_tokens=6,
+                question_file=str(question_file()), checkpoint_every_steps=2, progress=False,
+                work_dir=str(tmp_path / "work"), out_dir=str(tmp_path / "draft"), candidate_negatives=16)
+    base.update(changes)
+    return TrainOptions(**base)
+
+
+def test_a_few_steps_lower_the_loss(lm, tmp_path):
+    trainer = Trainer(lm, options(tmp_path, mlp_feature_only_tokens=-1, soft_ce="candidates"), "tiny")
+    sample = next(s for s in iter_samples(lm.tokenizer, lm.chat_template, 96) if sum(s.loss_mask) >= 16)
+    losses = [trainer.train_step([sample])["loss"] for _ in range(6)]
+    assert losses[-1] < 0.8 * losses[0], losses
+
+
+def test_a_stopped_run_resumes_to_the_uninterrupted_state(lm, tmp_path):
+    whole = Trainer(lm, options(tmp_path / "a", max_steps=4), "tiny")
+    whole.run()
+    first = Trainer(lm, options(tmp_path / "b", max_steps=2), "tiny")
+    first.run()
+    resumed = Trainer(lm, options(tmp_path / "b", max_steps=4), "tiny")
+    resumed.run()
+    assert (resumed.step, resumed.tokens, resumed.position) == (whole.step, whole.tokens, whole.position)
+    a, b = whole.draft.state_dict(), resumed.draft.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert (tmp_path / "b" / "draft" / "model.safetensors").is_file()
+    assert (tmp_path / "b" / "draft" / "curve.csv").read_text().startswith("tokens,steps,wall_hours,acc1")
+
+
+def test_per_depth_evaluation_runs(lm):
+    from gumiho.draft_model import GumihoDraft
+
+    draft = GumihoDraft.for_target(lm.model)
+    prompt = lm.tokenizer.apply_chat_template([{"role": "user", "content": "Count to five."}], tokenize=True,
+                                              add_generation_prompt=True, return_dict=False)
+    from evaluation.engine import decode_turn, method_class
+
+    continuation = decode_turn(lm, method_class("vanilla")(None, lm), prompt, 16).new_ids
+    result = depth_accuracy(draft, lm.model, [(prompt, continuation)])
+    assert result["positions"] == len(continuation) - 1
+    assert set(result) == {"positions", *(f"acc{d}" for d in range(1, 8))}
+    assert all(0.0 <= result[f"acc{d}"] <= 1.0 for d in range(1, 8))

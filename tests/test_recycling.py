@@ -1,0 +1,120 @@
+"""Token Recycling: the template, the adjacency update and its scopes, options, and losslessness."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+
+from baselines.recycling import TEMPLATES, AdjacencyDrafter, Template, TokenRecycling
+from evaluation.engine import decode_turn
+from evaluation.engine.method import DecodeState
+from evaluation.errors import OptionError
+
+
+def test_template_222_is_upstreams():
+    paths = TEMPLATES["2.2.2"]
+    assert len(paths) == 80
+    assert [Counter(len(p) for p in paths)[d] for d in range(1, 7)] == [8, 21, 25, 15, 8, 3]
+    assert len({tuple(p) for p in paths}) == 80
+    template = Template(paths)
+    assert all(template.parents[i] < i for i in range(1, 81))  # parents before children
+    assert all(paths[template.parents[i] - 1] == paths[i - 1][:-1] for i in range(1, 81) if template.parents[i])
+    assert template.layers == [(1, 9), (9, 30), (30, 55), (55, 70), (70, 78), (78, 81)]
+    assert max(max(p) for p in paths) < 8  # every rank is a column of the adjacency matrix
+    samd = Template(TEMPLATES["samd"])
+    assert len(samd) == 60 and [Counter(samd.depths[1:].tolist())[d] for d in range(1, 6)] == [7, 20, 21, 8, 4]
+
+
+def test_template_rejects_children_before_parents():
+    with pytest.raises(ValueError):
+        Template([[0, 0], [0]])
+
+
+def state_of(tokens: list[int], vocab: int = 16) -> DecodeState:
+    return DecodeState(list(tokens), 1, torch.zeros(vocab), 10)
+
+
+def test_fill_layer_by_layer_and_learn_every_node():
+    drafter = AdjacencyDrafter(16, "2.2.2")
+    drafter.reset([1])
+    drafter.prefill_row_due = False
+    drafter.rows[3] = [4, 5, 6, 7, 8, 9, 10, 11]
+    drafter.rows[4] = [12, 13, 0, 0, 0, 0, 0, 0]
+    tree = drafter.draft(state_of([1, 3]))
+    assert len(tree) == 80
+    assert tree.tokens[:8] == [4, 5, 6, 7, 8, 9, 10, 11]  # depth 1: the row of the pending token
+    assert tree.tokens[8:10] == [12, 13]  # [0, 0] and [0, 1]: the row of token 4
+    assert tree.tokens[16] == 0  # [1, 0]: below token 5, never seen: upstream's zero row
+    # Without unseen rows, only nodes below written rows remain, each parent before its children.
+    drafter.draft_unseen = False
+    drafter.seen[[3, 4]] = True
+    pruned = drafter.draft(state_of([1, 3]))
+    assert pruned.tokens == [4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 0, 0, 0, 0, 0, 0]
+    assert pruned.parents == [0] * 8 + [1] * 8
+
+    # The update: every node's row becomes its top-8; a token at two nodes keeps the later node's row.
+    logits = torch.zeros(3, 16)
+    logits[0, 8:16] = torch.arange(8, 0, -1.0)  # node 0 (token 2): 8, 9, ..., 15
+    logits[1, 0:8] = torch.arange(8, 0, -1.0)  # node 1 (token 5): 0..7
+    logits[2, 1:9] = torch.arange(8, 0, -1.0)  # node 2 (token 5 again): 1..8 wins
+    drafter.learn(np.array([2, 5, 5]), logits)
+    assert drafter.rows[2].tolist() == list(range(8, 16))
+    assert drafter.rows[5].tolist() == list(range(1, 9))
+
+
+def filled(drafter: AdjacencyDrafter) -> bool:
+    return bool(drafter.rows.any())
+
+
+def test_scopes_clear_at_the_right_resets():
+    first, turn2, other = [1, 2, 3], [1, 2, 3, 9, 4, 5], [1, 7, 3]
+    for scope, kept_after_turn2, kept_after_other in [("process", True, True), ("question", True, False),
+                                                      ("turn", False, False)]:
+        drafter = AdjacencyDrafter(16, scope=scope)
+        drafter.reset(first)
+        drafter.rows[4, 0] = 6
+        drafter.reset(turn2)  # a later turn: the prompt extends the previous one
+        assert filled(drafter) == kept_after_turn2, scope
+        drafter.rows[4, 0] = 6
+        drafter.reset(other)  # another conversation
+        assert filled(drafter) == kept_after_other, scope
+
+
+@pytest.mark.parametrize("option,value", [("template", "2.2"), ("adjacency_scope", "run")])
+def test_check_rejects_bad_values(option, value):
+    with pytest.raises(OptionError, match=option):
+        TokenRecycling.Config(**{option: value}).check()
+    TokenRecycling.Config().check()
+
+
+def test_recycling_is_lossless(lm, assert_lossless):
+    method = TokenRecycling(TokenRecycling.Config(), lm)
+    assert method.max_nodes == 80
+    results = assert_lossless(method)
+    tokens = sum(len(r.new_ids) for r in results.values())
+    assert tokens / sum(r.steps for r in results.values()) > 1.2  # recycled successors are accepted
+
+
+def accept_lengths_in_order(lm, prompts: dict, order: list[str], scope: str) -> dict:
+    method = TokenRecycling(TokenRecycling.Config(adjacency_scope=scope), lm)
+    results = {name: decode_turn(lm, method, prompts[name], 16) for name in order}
+    return {name: (r.new_ids, r.accept_lengths) for name, r in results.items()}
+
+
+def test_question_scope_does_not_depend_on_question_order(lm, lossless_prompts):
+    # A conversation's second turn extends its first turn's prompt: the question scope keeps the matrix there.
+    first, second = lossless_prompts["q81"], lossless_prompts["q81-turn2"]
+    assert second[: len(first)] == first
+    names = ["q161", "q481"]
+    for scope in ("question", "turn"):
+        forward = accept_lengths_in_order(lm, lossless_prompts, names, scope)
+        backward = accept_lengths_in_order(lm, lossless_prompts, names[::-1], scope)
+        assert forward == backward, scope
+    # The process scope (upstream) carries the matrix over: the second question drafts differently.
+    forward = accept_lengths_in_order(lm, lossless_prompts, names, "process")
+    backward = accept_lengths_in_order(lm, lossless_prompts, names[::-1], "process")
+    assert forward != backward
+    assert all(forward[n][0] == backward[n][0] for n in names)  # the same tokens either way

@@ -1,0 +1,136 @@
+"""SAM-Decoding: the suffix automaton against a brute-force search, the draft rule, options, and losslessness."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from baselines.sam import SamConfig, SamDecoding
+from baselines.suffix_automaton import SuffixAutomaton
+from evaluation.engine.method import DecodeState
+from evaluation.errors import OptionError
+from evaluation.questions import load_questions
+
+
+def common_suffix_lengths(x: list[int], target: list[int]) -> list[int]:
+    """lcs[j] = length of the longest common suffix of x[:j] and `target`, for j = 0..len(x)."""
+    out = [0]
+    for j in range(1, len(x) + 1):
+        k = 0
+        while k < j and k < len(target) and x[j - 1 - k] == target[-1 - k]:
+            k += 1
+        out.append(k)
+    return out
+
+
+def brute_match(x: list[int], target: list[int]) -> tuple[int, list[int]]:
+    """(length of the longest suffix of `target` that occurs in x, earliest end of each shorter suffix length)."""
+    lcs = common_suffix_lengths(x, target)
+    best = max(lcs)
+    earliest = [next(j for j in range(len(lcs)) if lcs[j] >= n) for n in range(best + 1)]
+    return best, earliest
+
+
+def brute_draft(x: list[int], pending: int, n_predicts: int) -> tuple[int, list[int]]:
+    """Spec §9's draft by brute force: the match of x + [pending], then the longest suffix of it whose earliest
+    occurrence is followed by n_predicts tokens (else the one-token match's), and n_predicts - 1 tokens after it."""
+    length, earliest = brute_match(x, x + [pending])
+    if length == 0:
+        return 0, []
+    usable = [n for n in range(length, 0, -1) if len(x) - earliest[n] >= n_predicts]
+    end = earliest[usable[0]] if usable else earliest[1]
+    return length, x[end: end + n_predicts - 1]
+
+
+def check_sequence(x: list[int], alphabet: list[int], n_predicts: int) -> None:
+    sam = SuffixAutomaton()
+    for i, token in enumerate(x):
+        sam.extend([token])
+        seq = x[: i + 1]
+        # cur: the longest suffix of the sequence that ends earlier too (here: occurs in seq[:-1])
+        assert sam.cur_length == brute_match(seq[:-1], seq)[0], seq
+        assert len(sam.next) <= max(2, 2 * len(seq) - 1)  # the automaton's size bound
+        for pending in alphabet:
+            state, length = sam.lookup(pending)
+            expected_length, earliest = brute_match(seq, seq + [pending])
+            assert length == expected_length, (seq, pending)
+            if length:
+                assert sam.first_end[state] == earliest[length], (seq, pending)
+                drafts = sam.continuation(sam.with_room(state, n_predicts), n_predicts - 1)
+                assert (length, drafts) == brute_draft(seq, pending, n_predicts), (seq, pending)
+
+
+def test_suffix_automaton_against_brute_force_on_random_sequences():
+    rng = random.Random(1234)
+    for case in range(2000):
+        alphabet = list(range(rng.choice([2, 3, 4])))
+        x = [rng.choice(alphabet) for _ in range(rng.randrange(1, 36))]
+        check_sequence(x, alphabet, n_predicts=rng.choice([2, 3, 5, 8]))
+
+
+def test_suffix_automaton_on_real_tokens(lm, spec_bench_file):
+    questions = load_questions(spec_bench_file)
+    # A summarization question repeats itself little; a math one has numbers and repeated phrases.
+    texts = [questions[200].turns[0][:1500], questions[400].turns[0]]
+    for text in texts:
+        x = lm.tokenizer(text, add_special_tokens=False)["input_ids"][:400]
+        pending_candidates = sorted(set(x[:50]))[:6]
+        check_sequence(x, pending_candidates, n_predicts=40)
+
+
+def test_earliest_occurrence_and_walk_up():
+    # "1 2 3" occurs at 0 and 5; the earliest (end 3) is drafted. With 40 wanted, the walk stops below the root.
+    sam = SuffixAutomaton()
+    sam.extend([1, 2, 3, 9, 9, 1, 2, 3, 7, 1, 2])
+    state, length = sam.lookup(3)
+    assert (length, sam.first_end[state]) == (3, 3)
+    assert sam.continuation(state, 4) == [9, 9, 1, 2]
+
+
+def sam_draft(tokens: list[int], **options) -> tuple[list[int], bool]:
+    method = SamDecoding(SamConfig(fallback="none", **options), None)
+    method.reset(tokens[:-1])
+    tree = method.draft(DecodeState(list(tokens), len(tokens) - 1, torch.zeros(4), 10))
+    return tree.tokens, method.from_automaton
+
+
+def test_threshold_padding_and_dynamic_length():
+    x = [5, 6, 7, 8, 9, 1, 2, 3, 4, 0, 5, 6, 7, 8, 9]  # pending 9: the match 5 6 7 8 9 is 5 long
+    assert sam_draft(x, dynamic_length_without_fallback=False, n_predicts=4) == ([1, 2, 3], True)
+    assert sam_draft(x, dynamic_length_without_fallback=False, threshold=6) == ([], False)
+    assert sam_draft(x, dynamic_length_without_fallback=False, n_predicts=14, pad_chain=True)[0] == \
+        [1, 2, 3, 4, 0, 5, 6, 7, 8] + [0] * 4
+    # Without a fallback, upstream's length rule: 1 + int(alpha * match) tokens counting the pending one.
+    assert sam_draft(x, alpha=0.5)[0] == [1, 2]  # 1 + int(2.5) = 3 tokens: 2 drafts
+    assert sam_draft([1, 2, 3, 4], alpha=4.0)[0] == []  # no match
+
+
+@pytest.mark.parametrize("option,value", [("n_predicts", 1), ("threshold", 0), ("fallback", "eagle"),
+                                          ("recycling_template", "1.0"), ("adjacency_scope", "run"),
+                                          ("alpha", 0.0)])
+def test_check_rejects_bad_values(option, value):
+    with pytest.raises(OptionError, match=option):
+        SamConfig(**{option: value}).check()
+    SamConfig().check()
+
+
+def test_max_nodes_bounds_both_drafters(lm):
+    assert SamDecoding(SamConfig(), lm).max_nodes == 60  # the fallback's tree is the larger
+    assert SamDecoding(SamConfig(recycling_template="2.2.2"), lm).max_nodes == 80
+    assert SamDecoding(SamConfig(fallback="none", n_predicts=40), lm).max_nodes == 39
+
+
+def test_sam_with_recycling_is_lossless(lm, assert_lossless):
+    method = SamDecoding(SamConfig(), lm)
+    results = assert_lossless(method)
+    tokens = sum(len(r.new_ids) for r in results.values())
+    assert tokens / sum(r.steps for r in results.values()) > 1.0
+
+
+def test_sam_without_fallback_is_lossless(lm, assert_lossless):
+    results = assert_lossless(SamDecoding(SamConfig(fallback="none"), lm))
+    tokens = sum(len(r.new_ids) for r in results.values())
+    assert tokens / sum(r.steps for r in results.values()) > 1.0
+

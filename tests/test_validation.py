@@ -1,0 +1,212 @@
+"""Every option of every config group and every registered method, fuzzed: wrong type, empty, negative, zero, huge.
+
+The options are discovered from the config dataclasses (`evaluation.config.config_groups()` and each registered
+method's `Config`), so a new option is fuzzed without touching this file. Each value is either refused with one
+line naming the option (by the schema or the config's `check()`, before the model loads) or accepted; an accepted
+value must then really work: the run is prepared on the real model (questions read, model loaded, method built)
+and, for a method option, a few tokens are decoded with it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import typing
+from dataclasses import fields
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
+
+from evaluation import runner
+from evaluation.config import config_groups
+from evaluation.engine import available_methods, decode_turn, method_class
+from evaluation.errors import HarnessError
+from evaluation.validation import option_error_from_hydra, validate
+from tests.conftest import CONF, ROOT
+
+HUGE = "1000000000000"
+INT_VALUES = ("abc", "", "1.5", "[1]", "null", "-1", "0", HUGE)
+FLOAT_VALUES = ("abc", "", "[1]", "null", "-1.0", "0", "2.0", "1e300", "nan", "inf", "-inf")
+BOOL_VALUES = ("maybe", "", "[1]", "null", "2", "-1")
+STR_VALUES = ("", "' '", "[1]", "null", "x" * 300, "/dev/null/x")
+LIST_VALUES = ("abc", "null", "[]", "[abc]", "['']", "[-1]", "[0]", f"[{HUGE}]", "[1,1]", "[3,2,1]")
+
+
+def fuzz_values(annotation) -> tuple[str, ...]:
+    """Override values (Hydra syntax) for an option of this type."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Union:
+        return fuzz_values(next(a for a in args if a is not type(None)))
+    if origin in (list, tuple):
+        return LIST_VALUES
+    return {int: INT_VALUES, float: FLOAT_VALUES, bool: BOOL_VALUES, str: STR_VALUES}.get(annotation, STR_VALUES)
+
+
+def method_config_names() -> dict[str, str]:
+    """Registered method -> its YAML in conf/method (the one named after it, else the first that selects it)."""
+    stems = sorted(p.stem for p in (CONF / "method").glob("*.yaml"))
+    chosen = {}
+    for stem in stems:
+        name = OmegaConf.load(CONF / "method" / f"{stem}.yaml").get("name", stem)
+        if name not in chosen or stem == name:
+            chosen[name] = stem
+    return chosen
+
+
+def options() -> list[tuple[str, str | None, str, object]]:
+    """(group, method or None, option, annotation) for every option there is."""
+    found = []
+    for group, schema in config_groups().items():
+        hints = typing.get_type_hints(schema)
+        found += [(group, None, f.name, hints[f.name]) for f in fields(schema)]
+    for name in available_methods():
+        schema = method_class(name).Config
+        hints = typing.get_type_hints(schema)
+        found += [("method", name, f.name, hints[f.name]) for f in fields(schema)]
+    return found
+
+
+def tiny_corpus(path):
+    """A ShareGPT-style corpus of three conversations, for a REST datastore built in a second."""
+    talk = ["Tell me about the sea.", "The sea is large and blue and full of fish.",
+            "What is two plus two?", "Two plus two is four.", "Name a colour.", "Blue is a colour."]
+    records = [{"conversations": [{"from": "human", "value": talk[i]}, {"from": "gpt", "value": talk[i + 1]}]}
+               for i in range(0, len(talk), 2)]
+    path.write_text(json.dumps(records))
+    return path
+
+
+@pytest.fixture(scope="module")
+def setting(tmp_path_factory, lm):
+    """Overrides every sample starts from: a two-question file, a scratch results folder, the embedded model on
+    the CPU; options that would make construction slow (REST's default ShareGPT datastore) point at tiny files."""
+    from baselines.rest_datastore import build_datastore
+
+    tmp = tmp_path_factory.mktemp("fuzz")
+    questions = tmp / "q.jsonl"
+    questions.write_text(json.dumps({"question_id": 1, "category": "qa", "turns": ["Say hi.", "Say bye."]}) + "\n"
+                         + json.dumps({"question_id": 2, "category": "writing", "turns": ["Name a fruit."]}) + "\n")
+    store = build_datastore(lm.tokenizer, str(tiny_corpus(tmp / "corpus.json")), out_dir=tmp / "store",
+                            progress=False)
+    base = [f"bench.question_file={questions}", f"run.results_dir={tmp / 'runs'}", "bench.max_new_tokens=4",
+            "bench.warmup=0", "run.progress=false", "run.report=false", "model.dtype=float32", "run.device=cpu"]
+    per_method = {"rest": [f"method.datastore={store}"]}
+    return tmp, base, per_method
+
+
+def attempt(overrides: list[str]):
+    """("refused", message) or ("accepted", cfg): the checks the command line runs, without loading a model."""
+    try:
+        cfg = compose("config", overrides=overrides)
+    except ConfigCompositionException as exc:
+        error = option_error_from_hydra(exc)
+        assert error is not None, f"{overrides[-1]}: Hydra's own error for a value: {exc}"
+        return "refused", str(error)
+    try:
+        validate(cfg)
+    except HarnessError as exc:
+        return "refused", str(exc)
+    return "accepted", cfg
+
+
+def test_every_option_is_refused_in_one_line_or_really_works(setting, lm):
+    tmp, base, per_method = setting
+    yamls = method_config_names()
+    prompt = lm.tokenizer.encode("The sea is large and blue and")
+    counts = {"refused": 0, "accepted": 0, "built": 0, "decoded": 0}
+    failures = []
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONF)):
+        for group, method, option, annotation in options():
+            start = [*base, f"method={yamls[method]}", *per_method.get(method, [])] if method else list(base)
+            reference = compose("config", overrides=start)
+            for value in fuzz_values(annotation):
+                sample = f"{group}.{option}={value}"
+                outcome, result = attempt([*start, sample])
+                counts[outcome] += 1
+                if outcome == "refused":
+                    if "\n" in result or option not in result or f"{group}." not in result:
+                        failures.append(f"{sample}: message does not name the option in one line: {result!r}")
+                    continue
+                if OmegaConf.select(result, f"{group}.{option}") == OmegaConf.select(reference, f"{group}.{option}"):
+                    continue  # the value it already had: covered by the method's and the runner's own tests
+                try:
+                    _, built, _, _ = runner.prepare(result)
+                except HarnessError as exc:  # refused once read or loaded (a subtask the file lacks): one line
+                    if "\n" in str(exc):
+                        failures.append(f"{sample}: accepted, then a multi-line error: {exc}")
+                    continue
+                except Exception as exc:  # noqa: BLE001 - an accepted value must not crash
+                    failures.append(f"{sample}: accepted, then {type(exc).__name__}: {exc}")
+                    continue
+                counts["built"] += 1
+                if method:
+                    try:
+                        decode_turn(lm, built, prompt, 4)
+                        counts["decoded"] += 1
+                    except Exception as exc:  # noqa: BLE001
+                        failures.append(f"{sample}: accepted, then decoding raised {type(exc).__name__}: {exc}")
+    assert not failures, "\n".join(failures)
+    assert not (tmp / "runs").exists()  # nothing was written by any sample
+    # Non-vacuous: both outcomes occur, and accepted values were built and decoded with.
+    assert counts["refused"] > 100 and counts["built"] > 10 and counts["decoded"] > 5, counts
+
+
+def run_cli(tmp_path, *overrides: str, env=None):
+    return subprocess.Popen(
+        [sys.executable, "run.py", f"run.results_dir={tmp_path / 'runs'}", *overrides], cwd=ROOT, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, **(env or {})})
+
+
+def test_the_command_line_reports_bad_options_in_one_line(tmp_path):
+    """A sample through the real entry point, in parallel: exit status 2, one line, no run folder, no model."""
+    samples = {
+        "method.draft_tree_capacity": ["method=logitspec", "method.draft_tree_capacity=0"],
+        "bench.max_new_tokens": ["bench.max_new_tokens=abc"],
+        "bench.question_file": [f"bench.question_file={tmp_path / 'none.jsonl'}"],
+        "method.datastore": ["method=rest", f"method.datastore={tmp_path}"],
+        "bench.max_new_tokenz": ["bench.max_new_tokenz=3"],
+        "run.seed": ["run.seed=-1"],
+    }
+    running = {name: run_cli(tmp_path, *overrides) for name, overrides in samples.items()}
+    for name, process in running.items():
+        out, err = process.communicate(timeout=120)
+        lines = err.strip().splitlines()
+        assert process.returncode == 2, (name, err)
+        assert len(lines) == 1 and lines[0].startswith("error: ") and name in lines[0], (name, err)
+        assert "Traceback" not in out + err and "Loading" not in out
+    assert not (tmp_path / "runs").exists()
+
+
+def test_hydra_reports_an_unknown_group_option_itself(tmp_path):
+    process = run_cli(tmp_path, "method=nope")
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 1
+    assert err.splitlines()[0] == "In 'config': Could not find 'method/nope'"
+    assert "Traceback" not in err and not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("command, outputs", [
+    (["-m", "evaluation.figures", "--results", "{tmp}/runs", "--out", "{tmp}/out"], ["table1.md", "breakdown_x.png"]),
+    (["-m", "evaluation.report", "--results", "{tmp}/runs", "--out", "{tmp}/out"], ["report.md", "report.csv"]),
+    (["-m", "evaluation.figures", "--results", "{tmp}/ablations/runs", "--out", "{tmp}/out"], ["table1.md"]),
+])
+def test_reports_and_figures_without_runs_leave_outputs_untouched(tmp_path, command, outputs):
+    """A fresh clone has the committed outputs but no saved runs: one line saying what to run, exit status 2."""
+    (tmp_path / "runs").mkdir()
+    out = tmp_path / "out"
+    out.mkdir()
+    before = {}
+    for name in outputs:
+        (out / name).write_bytes(name.encode() * 3)
+        before[name] = (out / name).read_bytes()
+    done = subprocess.run([sys.executable, *[part.format(tmp=tmp_path) for part in command]], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    make = "make ablations" if "ablations" in command[3] else "make bench"
+    assert len(lines) == 1 and lines[0].startswith("error: no saved runs under") and make in lines[0], done.stderr
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
