@@ -1,7 +1,7 @@
 # make help: list the targets.
 PY      := .venv/bin/python
 MODEL   ?= smollm2-135m
-# The default benchmark slice (about 11 minutes a repeat on 2 CPU cores); `make bench QUESTIONS=null MAX_NEW=1024 WARMUP=3`
+# The default benchmark slice (about 13 minutes a repeat on 2 CPU cores); `make bench QUESTIONS=null MAX_NEW=1024 WARMUP=3`
 # is the full Spec-Bench run.
 QUESTIONS ?= 1
 MAX_NEW   ?= 128

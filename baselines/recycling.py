@@ -162,7 +162,7 @@ class AdjacencyDrafter:
 def verified_tokens(node_tokens: np.ndarray, outcome: StepOutcome) -> np.ndarray:
     """The tokens of the verified nodes (the rows of `outcome.tree_logits`): all drafted nodes, or the ones a draft
     budget kept."""
-    kept = getattr(outcome, "proposed_index", None)
+    kept = outcome.proposed_index
     return node_tokens if kept is None else node_tokens[np.asarray(kept)]
 
 

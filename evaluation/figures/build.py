@@ -89,7 +89,8 @@ def build_all(results_dir: str | Path, out_dir: str | Path, published_csv: str |
                f"{PUBLISHED_MODEL}, greedy, FP16, batch size 1, mean of 3 runs; Spec-Bench Leaderboard.md at "
                f"fd2c1cd, current RTX 3090 and A100 tables (from `{Path(published_csv).name}`). "
                "Not comparable with ours: other hardware and model. Methods not on the leaderboard "
-               "(LogitSpec) are absent.", ""]
+               "(LogitSpec) are absent; SAMD[EAGLE2] is SAM-Decoding with an EAGLE-2 fallback, where our `sam` "
+               "falls back to Token Recycling.", ""]
         for device in pub.device.unique() if not pub.empty else []:
             rows = pub[pub.device == device]
             shown = rows.set_index("published_method")[TABLE1_COLUMNS].rename_axis("Method")

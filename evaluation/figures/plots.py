@@ -1,4 +1,5 @@
-"""The running-time breakdown (the Spec-Bench paper's Figure 4 analogue) and the acceptance detail."""
+"""The running-time breakdown (the Spec-Bench paper's Figure 4 analogue), the acceptance detail, and the draft
+budget's speedup against verified nodes."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ import pandas as pd
 from evaluation.engine.timing import PARTS
 from evaluation.figures.common import (PART_COLOURS, _title, colour_map, order_methods, plt, summarize_settings,
                                        with_settings)
+
+BUDGET_SUFFIX = ",draft_budget="  # method labels of runs with the draft budget carry it
+
 
 def plot_breakdown(df: pd.DataFrame, setting: str | None = None, ax=None):
     """Stacked horizontal bars: each part's share of total wall time (%) per method, mean over repeats.
@@ -76,6 +80,8 @@ def plot_acceptance(df: pd.DataFrame, setting: str | None = None, include_vanill
     lengths = accept_lengths(df, setting)
     if not include_vanilla:
         lengths = {k: v for k, v in lengths.items() if not k.startswith("vanilla") and len(v)}
+    # Runs with the draft budget verify a cut tree: the budget figure shows them; here, what each method drafts.
+    lengths = {k: v for k, v in lengths.items() if BUDGET_SUFFIX not in k}
     colours = colour_map(order_methods(df))
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
     n = max(len(lengths), 1)
@@ -118,7 +124,6 @@ def plot_acceptance(df: pd.DataFrame, setting: str | None = None, include_vanill
 # ---------------------------------------------------------------- the draft budget
 
 
-BUDGET_SUFFIX = ",draft_budget="
 BUDGET_MARKERS = {"off": "o", "auto": "s", "auto,replayed_curve": "^"}
 BUDGET_NAMES = {"off": "draft budget off", "auto": "draft budget auto (this machine's curve)",
                 "auto,replayed_curve": "draft budget auto, replayed curve"}
@@ -162,6 +167,7 @@ def plot_budget(df: pd.DataFrame, setting: str | None = None):
                                         "linestyle": "-" if budget == "auto" else ":"})
     ax.axhline(1.0, color="grey", linewidth=0.8, linestyle=":")
     ax.set_xscale("symlog", linthresh=1)
+    ax.set_xlim(left=-0.2)  # counts are never negative
     ax.set_xlabel("verified draft nodes per decoding step (mean)")
     ax.set_ylabel("speedup over vanilla (x)")
     ax.grid(alpha=0.3)
