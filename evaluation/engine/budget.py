@@ -307,7 +307,7 @@ class DraftBudget:
     def select(self, tree: DraftTree) -> tuple[DraftTree, np.ndarray | None]:
         """The kept tree and, when anything was cut, the proposed index of each kept node (node 0 first)."""
         self._proposed = None
-        if not tree.tokens or getattr(tree, "rows", None) is not None:
+        if not tree.tokens or tree.rows is not None:
             return tree, None  # explicit verification rows (Gumiho's FTA) are verified as the method laid them out
         parents = np.asarray([-1] + list(tree.parents), dtype=np.int64)
         depths = np.zeros(len(parents), dtype=np.int64)
