@@ -11,12 +11,14 @@ WARMUP    ?= 1
 REPEATS   ?= 3
 # The draft budget: off (every proposed node is verified, as published) or auto (evaluation/engine/budget.py).
 BUDGET    ?= off
+# Decoding temperature: 0 is greedy (Spec-Bench); above 0 every method samples through the engine's exact rule.
+TEMPERATURE ?= 0
 # Every method config in conf/method, vanilla first (each is compared with vanilla). Trained-draft methods
 # (gumiho*, eagle2) join once a draft for MODEL is committed under gumiho/drafts/MODEL.
 TRAINED   := $(if $(wildcard gumiho/drafts/$(MODEL)/config.json),,| grep -v -e '^gumiho' -e '^eagle2')
 METHODS ?= vanilla,$(shell ls conf/method | sed -n 's/\.yaml$$//p' | grep -vx vanilla $(TRAINED) | paste -sd, -)
 
-.PHONY: help setup data datastore test bench report figures ablations bench-engine clean
+.PHONY: help setup setup-cluster data datastore test bench report figures ablations exactness bench-engine gpu-check clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -27,6 +29,13 @@ setup: .venv/.installed  ## create .venv and install the pinned dependencies
 	python3 -m venv .venv
 	$(PY) -m pip install --quiet -r requirements.txt
 	$(PY) -m pip install --quiet --no-deps -r requirements-nodeps.txt
+	touch $@
+
+setup-cluster: .venv/.cluster-installed  ## add Ray and submitit (run.workers, hydra/launcher=slurm or ray_cluster)
+
+.venv/.cluster-installed: .venv/.installed requirements-cluster.txt requirements-cluster-nodeps.txt
+	$(PY) -m pip install --quiet -r requirements-cluster.txt -c requirements.txt
+	$(PY) -m pip install --quiet --no-deps -r requirements-cluster-nodeps.txt
 	touch $@
 
 data: setup  ## put the question sets under data/ (checked by sha256)
@@ -42,6 +51,7 @@ bench: setup data  ## every method on a Spec-Bench slice, REPEATS times, then th
 	for round in $$(seq 1 $(REPEATS)); do \
 		$(PY) run.py -m model=$(MODEL) method=$(METHODS) bench.questions_per_subtask=$(QUESTIONS) \
 			bench.max_new_tokens=$(MAX_NEW) bench.warmup=$(WARMUP) run.repeats=$$round run.draft_budget=$(BUDGET) \
+			bench.temperature=$(TEMPERATURE) \
 			run.report=false || exit 1; \
 	done
 	$(PY) -m evaluation.report
@@ -59,8 +69,16 @@ ablations: setup data  ## LogitSpec ablation sweeps (conf/experiment/ablation_*.
 	$(PY) -m evaluation.report --results results/ablations/runs --out results/ablations
 	$(PY) -m evaluation.figures --results results/ablations/runs --out results/ablations/figures
 
+exactness: setup  ## the goodness-of-fit check of every method's sampled output (results/sampling/exactness.csv)
+	$(PY) -m evaluation.exactness
+
 bench-engine: setup  ## forward latency against new tokens, and our vanilla loop against generate()
 	$(PY) -m evaluation.bench_engine
+
+# A machine with a GPU: the lossless tests on CUDA in float32, a float16 benchmark slice with its match rate and the
+# logit margins where outputs first differ, and the engine's latency curve, into results/gpu/<gpu name>/.
+gpu-check: setup  ## the CUDA checks, for a machine with a GPU (sized for well under 15 minutes on one H200)
+	$(PY) -m evaluation.gpu_check
 
 clean:  ## remove scratch results (never the saved runs)
 	rm -rf results/scratch .pytest_cache

@@ -24,11 +24,24 @@ def main(cfg) -> None:
     try:
         for folder in runner.run(cfg):
             print(f"Answers: {folder}")
-        if cfg.run.report:
+        if cfg.run.report and launched_elsewhere():
+            print(f"Report: `python -m evaluation.report --results {cfg.run.results_dir}` once every job is done")
+        elif cfg.run.report:
             report.main(["--results", cfg.run.results_dir, "--quiet-if-empty"])
     except HarnessError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
+
+
+def launched_elsewhere() -> bool:
+    """A job of a cluster launcher (Slurm, Ray, submitit_local): its sibling cells run at the same time, so one
+    report over all of them comes after, not one per job."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return False
+    launcher = HydraConfig.get().get("launcher") or {}
+    return not str(launcher.get("_target_", "")).endswith(".BasicLauncher")
 
 
 def cli() -> None:

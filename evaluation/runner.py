@@ -9,6 +9,7 @@ command again resumes: questions already answered are skipped, and a line cut of
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -29,6 +30,7 @@ from tqdm import tqdm
 from evaluation.config import non_default_options
 from evaluation.engine import decode_turn, method_class
 from evaluation.engine.budget import make_budget
+from evaluation.engine.sampling import Sampler, SamplingParams
 from evaluation.errors import HarnessError, OptionError, require
 from evaluation.models import default_cache_dir, load_model
 from evaluation.questions import file_sha256, load_questions, select_questions
@@ -68,7 +70,7 @@ def environment(lm) -> dict:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             versions[name] = None
-    return {
+    env = {
         "git_commit": _git("rev-parse", "HEAD"),
         # Uncommitted changes outside results/ (regenerated reports there do not change how runs decode).
         "git_dirty": bool(_git("status", "--porcelain", "--", ":(top)", ":(top,exclude)results")),
@@ -83,6 +85,13 @@ def environment(lm) -> dict:
         "model_source": lm.source,
         "command": " ".join(sys.argv),
     }
+    if getattr(lm, "device_map", None) is not None:  # a model placed by `model.device_map`: where it went
+        env["device_map"] = {
+            "requested": lm.device_map,
+            "devices": sorted({str(p.device) for p in lm.model.parameters()}),
+            "modules": {name: str(device) for name, device in (getattr(lm.model, "hf_device_map", None) or {}).items()},
+        }
+    return env
 
 
 class AnswerFile:
@@ -110,17 +119,27 @@ class AnswerFile:
             os.fsync(f.fileno())
 
 
-def answer_question(lm, method, question, max_new_tokens: int, budget=None) -> dict:
-    """All turns of one question, each asked after the model's own earlier answers."""
+def sampling_params(bench) -> SamplingParams:
+    return SamplingParams(temperature=float(bench.temperature), top_p=float(bench.top_p), top_k=int(bench.top_k))
+
+
+def question_seed(seed: int, question_id) -> int:
+    """The sampling seed of one question: the same whatever order, resume or worker answers it."""
+    return int.from_bytes(hashlib.sha256(f"{seed}:{question_id}".encode()).digest()[:8], "little") >> 1
+
+
+def answer_question(lm, method, question, max_new_tokens: int, budget=None, sampler: Sampler | None = None) -> dict:
+    """All turns of one question, each asked after the model's own earlier answers; greedy, or sampled with
+    `sampler` (seeded here from its question id)."""
     history: list[tuple[str, str]] = []
     choice = {"index": 0, "turns": [], "decoding_steps": [], "new_tokens": [], "wall_time": [],
               "accept_lengths": [], "token_ids": [], "prefill_time": [], "time_breakdown": [], "stop_reason": [],
-              "proposed_nodes": [], "verified_nodes": []}
+              "proposed_nodes": [], "verified_nodes": [], "draft_detail": []}
     for text in question.turns:
         prompt_ids = build_prompt_ids(lm.tokenizer, lm.chat_template, history, text)
         if len(prompt_ids) >= lm.max_context:
             raise HarnessError(f"prompt of {len(prompt_ids)} tokens does not fit the context of {lm.max_context}")
-        result = decode_turn(lm, method, prompt_ids, max_new_tokens, budget)
+        result = decode_turn(lm, method, prompt_ids, max_new_tokens, budget, sampler)
         answer = answer_text(lm.tokenizer, result.new_ids)
         history.append((text, answer))
         choice["turns"].append(answer)
@@ -134,6 +153,7 @@ def answer_question(lm, method, question, max_new_tokens: int, budget=None) -> d
         choice["stop_reason"].append(result.stop_reason)
         choice["proposed_nodes"].extend(result.proposed_nodes)  # per decode step (the prefill step has none)
         choice["verified_nodes"].extend(result.verified_nodes)
+        choice["draft_detail"].append(result.draft_detail)  # per turn: seconds of the method's drafting sub-parts
     return choice
 
 
@@ -150,6 +170,12 @@ def run_identity(cfg, lm, options, question_sha: str, repeat: int) -> tuple[dict
         "max_new_tokens": cfg.bench.max_new_tokens,
         "repeat": repeat,
     }
+    params = sampling_params(cfg.bench)
+    if not params.greedy:  # greedy runs keep the identity they always had
+        comparison["sampling"] = {**asdict(params), "seed": cfg.run.seed}
+    device_map = cfg.model.get("device_map")
+    if device_map is not None:  # a model split over GPUs times differently; unsplit runs keep their identity
+        comparison["device_map"] = OmegaConf.to_container(device_map) if OmegaConf.is_config(device_map) else device_map
     run = {**comparison, "method": cfg.method.name, "options": asdict(options)}
     if cfg.run.draft_budget != "off" and cfg.method.name != "vanilla":  # off: the identity it always had
         run["draft_budget"] = {"mode": cfg.run.draft_budget, "latency_curve": cfg.run.latency_curve}
@@ -177,15 +203,17 @@ def check_loaded_model(cfg, lm) -> None:
         require(token < vocab, f"model.extra_stop_ids[{i}]", token, f"a token id below the vocabulary size {vocab}")
 
 
-def prepare(cfg):
-    """Everything before the first question: every option checked (`evaluation.validation`), the questions read,
-    then the model loaded and the method built. A problem raises `HarnessError` before anything is written."""
-    options = validate(cfg)
-    cls = method_class(cfg.method.name)
-    questions = select_questions(
+def read_questions(cfg) -> list:
+    """The selected questions of the question file (a bad file or subtask raises `HarnessError`)."""
+    return select_questions(
         load_questions(Path(cfg.bench.question_file)), list(cfg.bench.subtasks) if cfg.bench.subtasks else None,
         cfg.bench.questions_per_subtask,
     )
+
+
+def build(cfg, options, questions):
+    """The model loaded and checked, and the method built on it: what each process that answers needs."""
+    cls = method_class(cfg.method.name)
     lm = load_model(cfg.model, cfg.run.device)
     check_loaded_model(cfg, lm)
     check_prompts_fit(lm, questions)
@@ -193,20 +221,37 @@ def prepare(cfg):
         method = cls(options, lm)
     except OptionError as exc:  # an option checked against the model (a token id beyond the vocabulary)
         raise exc.in_group("method") from None
+    return lm, method
+
+
+def prepare(cfg):
+    """Everything before the first question: every option checked (`evaluation.validation`), the questions read,
+    then the model loaded and the method built. A problem raises `HarnessError` before anything is written."""
+    options = validate(cfg)
+    questions = read_questions(cfg)
+    lm, method = build(cfg, options, questions)
     return lm, method, options, questions
 
 
-def run(cfg) -> list[Path]:
-    """Answer the selected questions with the configured method, `run.repeats` times; return the run folders."""
-    lm, method, options, questions = prepare(cfg)
+def budget_for(cfg, lm):
     # Vanilla drafts nothing, so a budget has nothing to cut: its runs stay the reference for both settings.
-    budget = None if cfg.method.name == "vanilla" else make_budget(
-        cfg.run.draft_budget, lm, cfg.run.latency_curve, Path(cfg.model.cache_dir or default_cache_dir()),
-        cfg.model.name)
+    if cfg.method.name == "vanilla":
+        return None
+    return make_budget(cfg.run.draft_budget, lm, cfg.run.latency_curve,
+                       Path(cfg.model.cache_dir or default_cache_dir()), cfg.model.name)
 
+
+def run(cfg) -> list[Path]:
+    """Answer the selected questions with the configured method, `run.repeats` times; return the run folders.
+    With `run.workers`, Ray workers answer and this process writes (`evaluation.scale`, the only import of Ray)."""
+    if cfg.run.get("workers") is not None:
+        from evaluation.scale import run_on_ray
+
+        return run_on_ray(cfg)
+    lm, method, options, questions = prepare(cfg)
+    here = InProcess(cfg, lm, method, budget_for(cfg, lm))
     question_sha = file_sha256(Path(cfg.bench.question_file))
-    return [run_once(cfg, lm, method, options, questions, question_sha, repeat, budget)
-            for repeat in range(cfg.run.repeats)]
+    return [run_once(cfg, here, options, questions, question_sha, repeat) for repeat in range(cfg.run.repeats)]
 
 
 def one_line(exc: BaseException) -> str:
@@ -214,69 +259,166 @@ def one_line(exc: BaseException) -> str:
     return " ".join(f"{type(exc).__name__}: {exc}".split())
 
 
-def run_once(cfg, lm, method, options, questions, question_sha: str, repeat: int, budget=None) -> Path:
-    """One pass over the questions into the folder of this run's identity, resuming what is there."""
-    question_file = Path(cfg.bench.question_file)
-    comparison, identity = run_identity(cfg, lm, options, question_sha, repeat)
-    setting = {k: v for k, v in comparison.items() if k != "repeat"}
-    label = cfg.method.name + "".join(f",{k}={v}" for k, v in non_default_options(options).items())
-    if budget is not None:
-        label += f",draft_budget={cfg.run.draft_budget}" + (",replayed_curve" if cfg.run.latency_curve else "")
-    folder = Path(cfg.run.results_dir) / cfg.model.name / f"{cfg.method.name}-{_digest(identity)}"
-    folder.mkdir(parents=True, exist_ok=True)
-    answers = AnswerFile(folder / ANSWERS)
-    done = {record["question_id"] for record in answers.read()}
-    todo = [q for q in questions if q.question_id not in done]
-    manifest_path = folder / "manifest.json"
-    if not todo and manifest_path.exists():  # finished earlier: its provenance stays as it was written
-        return folder
-    OmegaConf.save(cfg, folder / "config.yaml", resolve=True)
-    now = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    manifest = {
-        "method": cfg.method.name,
-        "method_label": label,
-        "model": cfg.model.name,
-        "comparison_key": _digest(comparison),
-        "setting_key": _digest(setting),
-        "comparison": comparison,
-        "options": asdict(options),
-        "question_file": str(question_file),
-        "seed": cfg.run.seed,
-        "warmup": cfg.bench.warmup,
-        "environment": environment(lm),
-        "draft_budget": {"mode": cfg.run.draft_budget, "latency": budget.latency.source} if budget else None,
-        "started": now,
-    }
-    if done and manifest_path.exists():  # a resumed run keeps when it started and lists when it resumed
-        earlier = json.loads(manifest_path.read_text())
-        manifest["started"] = earlier.get("started", now)
-        manifest["resumed"] = [*earlier.get("resumed", []), now]
-    manifest_path.write_text(json.dumps(manifest, indent=1))
-    if done:
-        print(f"Resuming {folder}: {len(done)} answered, {len(todo)} to go", flush=True)
+def make_sampler(cfg) -> Sampler | None:
+    params = sampling_params(cfg.bench)
+    return None if params.greedy else Sampler(params)
 
+
+def warm_up(cfg, lm, method, question, budget=None, sampler=None) -> None:
+    """`bench.warmup` untimed, unrecorded passes over the first question: the same code path as the timed ones."""
     random.seed(cfg.run.seed)
     torch.manual_seed(cfg.run.seed)
-    for _ in range(cfg.bench.warmup):  # untimed, unrecorded: the same code path on the first question
-        answer_question(lm, method, questions[0], cfg.bench.max_new_tokens, budget)
+    for _ in range(cfg.bench.warmup):
+        answer_question(lm, method, question, cfg.bench.max_new_tokens, budget, sampler)
 
-    tokens = seconds = steps = 0
-    desc = f"{cfg.model.name} {label}" + (f" repeat {repeat + 1}/{cfg.run.repeats}" if cfg.run.repeats > 1 else "")
-    bar = tqdm(todo, desc=desc, unit="q", disable=not cfg.run.progress)
-    for question in bar:
-        record = {"question_id": question.question_id, "category": question.category, "subtask": question.subtask,
-                  "answer_id": uuid.uuid4().hex[:22], "model_id": cfg.model.name, "method": cfg.method.name}
-        torch.manual_seed(cfg.run.seed)
+
+def answer_record(cfg, lm, method, question, budget=None, sampler=None) -> dict:
+    """One question's answer line (without its `tstamp`, set when it is written); a question that raises is
+    recorded with `status: "error"` and its message."""
+    record = {"question_id": question.question_id, "category": question.category, "subtask": question.subtask,
+              "answer_id": uuid.uuid4().hex[:22], "model_id": cfg.model.name, "method": cfg.method.name}
+    torch.manual_seed(cfg.run.seed)
+    if sampler is not None:
+        sampler.reseed(question_seed(cfg.run.seed, question.question_id))
+    try:
+        choice = answer_question(lm, method, question, cfg.bench.max_new_tokens, budget, sampler)
+    except Exception as exc:  # noqa: BLE001 - recorded, listed by the report, never counted
+        record.update(status="error", error=one_line(exc), choices=[])
+    else:
+        record.update(status="ok", error=None, choices=[choice])
+    return record
+
+
+class InProcess:
+    """This process answers the questions itself, in order (no `run.workers`). `run_once` asks the same of it as of
+    the Ray workers of `evaluation.scale`: what model it runs, how to warm up and the answers to a list of questions."""
+
+    workers = None  # nothing for the manifest beyond `environment`
+
+    def __init__(self, cfg, lm, method, budget=None):
+        self.lm, self.method, self.budget = lm, method, budget
+        self.sampler = make_sampler(cfg)
+
+    @property
+    def model(self):
+        """Whatever has the `source`, `dtype` and `device` a run's identity takes from the loaded model."""
+        return self.lm
+
+    @property
+    def latency_source(self) -> str | None:
+        return self.budget.latency.source if self.budget is not None else None
+
+    def start(self, questions: int) -> None:
+        """Nothing to start: the model was loaded by `prepare`."""
+
+    def environment(self) -> dict:
+        return environment(self.lm)
+
+    def warm_up(self, cfg, question) -> None:
+        warm_up(cfg, self.lm, self.method, question, self.budget, self.sampler)
+
+    def answers(self, cfg, questions):
+        for question in questions:
+            yield answer_record(cfg, self.lm, self.method, question, self.budget, self.sampler)
+
+
+@contextlib.contextmanager
+def one_writer(folder: Path):
+    """Hold the run folder's lock while writing it: a second process on the same run (the same cell twice in a
+    sweep, two sweeps at once) stops with one line instead of interleaving answers. The lock goes with the process,
+    so a killed run leaves none behind; `flock` also holds across the nodes of a shared NFS file system."""
+    try:
+        import fcntl
+    except ImportError:  # no flock on this system: one writer is then the user's care
+        yield
+        return
+    with open(folder / ".writer.lock", "a") as handle:
         try:
-            choice = answer_question(lm, method, question, cfg.bench.max_new_tokens, budget)
-        except Exception as exc:  # noqa: BLE001 - recorded, listed by the report, never counted
-            record.update(status="error", error=one_line(exc), choices=[])
-        else:
-            record.update(status="ok", error=None, choices=[choice])
-            tokens += sum(choice["new_tokens"])
-            seconds += sum(choice["wall_time"])
-            steps += sum(choice["decoding_steps"])
-            bar.set_postfix(tok_s=f"{tokens / seconds:.1f}", MAT=f"{tokens / steps:.2f}")
-        record["tstamp"] = time.time()
-        answers.append(record)
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise HarnessError(f"{folder} is being written by another process; run the report once it is done, "
+                               "or the same command again after it to resume") from None
+        yield
+
+
+def run_label(cfg, options, uses_budget: bool) -> str:
+    label = cfg.method.name + "".join(f",{k}={v}" for k, v in non_default_options(options).items())
+    if cfg.bench.temperature > 0:
+        label += f",T={cfg.bench.temperature:g}" + "".join(
+            f",{k}={getattr(cfg.bench, k)}" for k, off in (("top_p", 1), ("top_k", 0)) if getattr(cfg.bench, k) != off)
+    if uses_budget:
+        label += f",draft_budget={cfg.run.draft_budget}" + (",replayed_curve" if cfg.run.latency_curve else "")
+    return label
+
+
+def run_once(cfg, answerer, options, questions, question_sha: str, repeat: int) -> Path:
+    """One pass over the questions into the folder of this run's identity, resuming what is there.
+
+    `answerer` is `InProcess` or the Ray workers of `evaluation.scale`; either way this process alone writes the
+    folder, one whole answer line at a time, under the folder's lock."""
+    question_file = Path(cfg.bench.question_file)
+    comparison, identity = run_identity(cfg, answerer.model, options, question_sha, repeat)
+    setting = {k: v for k, v in comparison.items() if k != "repeat"}
+    uses_budget = cfg.method.name != "vanilla" and cfg.run.draft_budget != "off"
+    label = run_label(cfg, options, uses_budget)
+    folder = Path(cfg.run.results_dir) / cfg.model.name / f"{cfg.method.name}-{_digest(identity)}"
+    answers = AnswerFile(folder / ANSWERS)
+    manifest_path = folder / "manifest.json"
+    done = set()
+    if folder.is_dir():  # finished earlier: nothing to start, its provenance stays as it was written
+        with one_writer(folder):
+            done = {record["question_id"] for record in answers.read()}
+            if manifest_path.exists() and all(q.question_id in done for q in questions):
+                return folder
+    # Ray workers load the model here, no more of them than questions to answer; a failure leaves no folder behind.
+    answerer.start(sum(q.question_id not in done for q in questions))
+    folder.mkdir(parents=True, exist_ok=True)
+    with one_writer(folder):
+        done = {record["question_id"] for record in answers.read()}
+        todo = [q for q in questions if q.question_id not in done]
+        if not todo and manifest_path.exists():
+            return folder
+        OmegaConf.save(cfg, folder / "config.yaml", resolve=True)
+        now = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        manifest = {
+            "method": cfg.method.name,
+            "method_label": label,
+            "model": cfg.model.name,
+            "comparison_key": _digest(comparison),
+            "setting_key": _digest(setting),
+            "comparison": comparison,
+            "options": asdict(options),
+            "question_file": str(question_file),
+            "seed": cfg.run.seed,
+            "sampling": comparison.get("sampling"),  # None: greedy
+            "warmup": cfg.bench.warmup,
+            "environment": answerer.environment(),
+            "draft_budget": {"mode": cfg.run.draft_budget, "latency": answerer.latency_source} if uses_budget else None,
+            "started": now,
+        }
+        if answerer.workers is not None:  # Ray: who answered, on which device (each answer names its worker)
+            manifest["workers"] = answerer.workers
+        if done and manifest_path.exists():  # a resumed run keeps when it started and lists when it resumed
+            earlier = json.loads(manifest_path.read_text())
+            manifest["started"] = earlier.get("started", now)
+            manifest["resumed"] = [*earlier.get("resumed", []), now]
+        manifest_path.write_text(json.dumps(manifest, indent=1))
+        if done:
+            print(f"Resuming {folder}: {len(done)} answered, {len(todo)} to go", flush=True)
+
+        answerer.warm_up(cfg, questions[0])
+        tokens = seconds = steps = 0
+        desc = f"{cfg.model.name} {label}" + (f" repeat {repeat + 1}/{cfg.run.repeats}" if cfg.run.repeats > 1 else "")
+        bar = tqdm(total=len(todo), desc=desc, unit="q", disable=not cfg.run.progress)
+        for record in answerer.answers(cfg, todo):
+            record["tstamp"] = time.time()
+            answers.append(record)
+            bar.update(1)
+            if record["status"] == "ok":
+                choice = record["choices"][0]
+                tokens += sum(choice["new_tokens"])
+                seconds += sum(choice["wall_time"])
+                steps += sum(choice["decoding_steps"])
+                bar.set_postfix(tok_s=f"{tokens / seconds:.1f}", MAT=f"{tokens / steps:.2f}")
+        bar.close()
     return folder

@@ -15,6 +15,7 @@ The draft's rows for the tree are written after its context in its own cache and
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -30,6 +31,9 @@ from evaluation.validation import MAX_DRAFT_NODES, require_int_range
 from gumiho.draft_model import SERIAL_LAYERS, GumihoDraft
 from gumiho.tree import ROOT, Pool, expand, fta_rows, layout, root_paths, select_nodes
 
+# The draft part of the engine's breakdown, split: the serial decoder layers (the draft's context and the serial
+# levels), the parallel MLP heads (Gumiho only), and choosing and laying out the tree.
+DRAFT_PARTS = ("serial", "mlp", "select")
 DRAFTS_DIR = Path(__file__).resolve().parent / "drafts"
 SIBLING_MASKS = ("causal", "tree")
 MLP_FIRST_SLOTS = ("index", "parent")
@@ -101,6 +105,8 @@ class _TreeDraftMethod(Method):
         capacity = int(model.max_context) + 1 + config.top_k * self.serial_steps
         self.cache = PositionalKVCache(SERIAL_LAYERS, capacity)
         self.pending: torch.Tensor | None = None  # target hidden states not yet in the draft's context
+        self.detail = dict.fromkeys(DRAFT_PARTS, 0.0)
+        self._last_lap = 0.0
 
     def _serial_steps(self) -> int:
         raise NotImplementedError
@@ -115,6 +121,19 @@ class _TreeDraftMethod(Method):
             raise RuntimeError(f"{self.name} needs the prompt's hidden states from the engine")
         self.cache.crop(0)
         self.pending = hidden_states
+        self.detail = dict.fromkeys(DRAFT_PARTS, 0.0)
+
+    def draft_detail(self) -> dict[str, float]:
+        return dict(self.detail)
+
+    def _lap(self, part: str | None) -> None:
+        """Charge the time since the last lap to `part` of the draft (None: just start timing)."""
+        if self.lm.device.type == "cuda":  # kernels are asynchronous: charge them to the part that launched them
+            torch.cuda.synchronize(self.lm.device)
+        now = time.perf_counter()
+        if part is not None:
+            self.detail[part] += now - self._last_lap
+        self._last_lap = now
 
     def update(self, state: DecodeState, outcome: StepOutcome) -> None:
         self.pending = outcome.hidden_states[outcome.verdict.path]
@@ -167,16 +186,20 @@ class _TreeDraftMethod(Method):
     def draft(self, state: DecodeState) -> DraftTree:
         cfg = self.config
         context = len(state.tokens) - 1
+        self._lap(None)
         last = self._extend_context(state.tokens)
         pool = Pool()
-        top = torch.topk(self._log_probs(last), cfg.top_k)
-        index = pool.add(top.indices.tolist(), top.values.tolist(), [ROOT] * cfg.top_k)
-        beams = _Beams(last.expand(cfg.top_k, -1), top.indices, top.values, index, [[] for _ in index])
+        log_probs = self._log_probs(last)
+        width = min(cfg.top_k, log_probs.shape[-1])  # a vocabulary smaller than top_k (tiny test models)
+        top = torch.topk(log_probs, width)
+        index = pool.add(top.indices.tolist(), top.values.tolist(), [ROOT] * width)
+        beams = _Beams(last.expand(width, -1), top.indices, top.values, index, [[] for _ in index])
         try:
             tree_tokens, parents = self._grow(pool, beams, context)
         finally:
             self.cache.crop(context)
         rows = fta_rows(root_paths(parents)) if getattr(cfg, "fta", False) and tree_tokens else None
+        self._lap("select")
         return DraftTree(tree_tokens, parents, rows=rows)
 
     def _grow(self, pool: Pool, beams: _Beams, context: int) -> tuple[list[int], list[int]]:
@@ -242,8 +265,10 @@ class Gumiho(_TreeDraftMethod):
             beams = _Beams(out[kept.beam], kept.tokens, kept.scores, index,
                            [beams.rows[b] + [first_row + b] for b in beam])
             pairs.append((beams.features, beams.tokens, kept.beam))
+        self._lap("serial")
         if cfg.mlp_num:
             self._mlp_levels(pool, beams, pairs)
+            self._lap("mlp")
         return layout(pool, select_nodes(pool, cfg.total_tokens - 1))
 
     def _mlp_levels(self, pool: Pool, beams: _Beams, pairs) -> None:
@@ -255,7 +280,8 @@ class Gumiho(_TreeDraftMethod):
             count = tokens2.shape[0]
             features1, tokens1 = features1[:count], tokens1[:count]
         v = torch.cat((draft.pair_input(tokens1, features1), draft.pair_input(tokens2, features2)), dim=-1)
-        head_lp = torch.stack([self._log_probs(h) for h in draft.heads(v)[: cfg.mlp_num]], dim=1)  # [B, mlp, V]
+        # One pass through the vocabulary head for all heads: on a CPU its weights' memory traffic is the cost.
+        head_lp = self._log_probs(torch.stack(draft.heads(v)[: cfg.mlp_num], dim=1))  # [B, mlp, V]
         anchor = torch.arange(head_lp.shape[0], device=head_lp.device)
         scores, pool_index = beams.scores, beams.pool_index
         for i in range(cfg.mlp_num):
@@ -309,4 +335,5 @@ class Eagle2(_TreeDraftMethod):
             beam = everything.beam[order].tolist()
             beams = _Beams(out[everything.beam[order]], everything.tokens[order], everything.scores[order],
                            [index[i] for i in order.tolist()], [beams.rows[b] + [first_row + b] for b in beam])
+        self._lap("serial")
         return layout(pool, select_nodes(pool, cfg.total_tokens - 1))

@@ -52,6 +52,7 @@ def expand(beam_scores: torch.Tensor, log_probs: torch.Tensor, per_beam: int, ke
     """Each beam's top-`per_beam` tokens with cumulative scores; returns (all children in beam-major order,
     the global top-`keep` of them, best first). Ties in the global top-k go to the lower flat index, i.e. the
     earlier beam, then the better rank within it."""
+    per_beam = min(per_beam, log_probs.shape[-1])  # a vocabulary smaller than the top-k (tiny test models)
     top = torch.topk(log_probs, per_beam, dim=-1)
     cumulative = top.values + beam_scores[:, None]
     flat_scores = cumulative.reshape(-1)

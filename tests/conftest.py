@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
 
 import pytest
@@ -35,17 +36,21 @@ def spec_bench_file() -> Path:
     return question_file()
 
 
+# `make gpu-check` runs the lossless tests with SPECDEC_TEST_DEVICE=cuda: the same tests, float32 on the GPU.
+TEST_DEVICE = os.environ.get("SPECDEC_TEST_DEVICE", "cpu")
+
+
 @functools.lru_cache(maxsize=1)
 def _embedded_model():
     from evaluation.models import load_model
 
-    cfg = compose_config("model=smollm2-135m", "model.dtype=float32", "run.device=cpu")
-    return load_model(cfg.model, "cpu")
+    cfg = compose_config("model=smollm2-135m", "model.dtype=float32", f"run.device={TEST_DEVICE}")
+    return load_model(cfg.model, TEST_DEVICE)
 
 
 @pytest.fixture(scope="session")
 def lm():
-    """SmolLM2-135M-Instruct, float32 on the CPU, through the same loader the runner uses."""
+    """SmolLM2-135M-Instruct, float32 on the CPU (or SPECDEC_TEST_DEVICE), through the runner's loader."""
     return _embedded_model()
 
 

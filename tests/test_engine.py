@@ -31,7 +31,7 @@ def prefill(lm, ids: list[int], extra: int):
 
 def causal_logits(lm, ids: list[int]) -> torch.Tensor:
     with torch.inference_mode():
-        return lm.model(input_ids=torch.tensor([ids])).logits[0, -1]
+        return lm.model(input_ids=torch.tensor([ids], device=lm.device)).logits[0, -1]
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -123,7 +123,8 @@ def test_vanilla_equals_transformers_generate(lm, lossless_prompts, vanilla_refe
     for name in names:
         prompt = lossless_prompts[name]
         with torch.inference_mode():
-            generated = lm.model.generate(torch.tensor([prompt]), max_new_tokens=LOSSLESS_TOKENS, do_sample=False)
+            generated = lm.model.generate(torch.tensor([prompt], device=lm.device), max_new_tokens=LOSSLESS_TOKENS,
+                                          do_sample=False)
         expected = generated[0, len(prompt):].tolist()
         assert vanilla_reference(prompt, LOSSLESS_TOKENS) == expected, name
 

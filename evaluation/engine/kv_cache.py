@@ -4,6 +4,10 @@ transformers' DynamicCache concatenates on every step, so a step costs a copy of
 layer owns one buffer of `capacity` slots, allocated once per turn; a forward writes its new rows at the end of
 the committed prefix and attends over a view of the filled part. Rejected draft rows need no rollback: the
 commit moves the accepted rows down to the end of the prefix and the next forward overwrites the rest.
+
+A model split over several GPUs (`model.device_map`) computes each layer's keys and values on that layer's device;
+each layer's buffers are allocated where its first keys arrive, so they sit on that layer's device, and a commit
+sends the accepted row indices once to each device.
 """
 
 from __future__ import annotations
@@ -94,9 +98,20 @@ class PositionalKVCache(Cache):
         if in_place == len(keep):
             self.crop(prefix_length + len(keep))
             return
-        index = torch.as_tensor(keep[in_place:], dtype=torch.long, device=self.layers[0].keys.device)
+        rows = [k - in_place for k in keep[in_place:]]
+        index: dict[torch.device, torch.Tensor] = {}  # one small copy per device, not per layer
         for layer in self.layers:
-            layer.commit(prefix_length + in_place, index - in_place)
+            if not layer.is_initialized:
+                continue
+            device = layer.keys.device
+            if device not in index:
+                index[device] = torch.as_tensor(rows, dtype=torch.long, device=device)
+            layer.commit(prefix_length + in_place, index[device])
+
+    @property
+    def devices(self) -> list[torch.device | None]:
+        """Each layer's buffer device (None before its first forward)."""
+        return [layer.keys.device if layer.is_initialized else None for layer in self.layers]
 
 
 def cache_for(model, capacity: int) -> PositionalKVCache:

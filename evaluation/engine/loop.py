@@ -2,8 +2,11 @@
 
 Bookkeeping (see docs/engine.md): the prefill forward gives the first token, which counts as a step that commits
 one token, as in transformers' `generate`. Each later step feeds the pending token (node 0) plus the method's draft
-tree in one forward, verifies greedily, and commits the accepted drafts and the bonus token. So vanilla makes
-exactly one forward per generated token, and its mean accepted tokens is 1.
+tree in one forward, verifies it, and commits the accepted drafts and the bonus token. So vanilla makes exactly one
+forward per generated token, and its mean accepted tokens is 1.
+
+Verification is greedy, or with a `Sampler` (temperature > 0) the recursive rejection of
+`evaluation.engine.sampling`, which keeps the target's distribution exactly; the methods do not know which.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import torch
 from evaluation.engine.budget import DraftBudget
 from evaluation.engine.kv_cache import cache_for
 from evaluation.engine.method import DecodeState, Method, StepOutcome
+from evaluation.engine.sampling import Sampler, verify_sampled
 from evaluation.engine.timing import LapClock
 from evaluation.engine.tree import build_tree_inputs, verify_greedy, verify_rows
 
@@ -30,6 +34,7 @@ class TurnResult:
     stop_reason: str = ""  # "stop_token", "max_new_tokens" or "context"
     proposed_nodes: list[int] = field(default_factory=list)  # draft nodes the method proposed, per decode step
     verified_nodes: list[int] = field(default_factory=list)  # draft nodes verified (after the draft budget)
+    draft_detail: dict[str, float] = field(default_factory=dict)  # seconds of the method's drafting sub-parts
 
     @property
     def steps(self) -> int:
@@ -62,9 +67,10 @@ def _forward(model, input_ids, position_ids, attention_mask, cache, logits_to_ke
 
 @torch.inference_mode()
 def decode_turn(lm, method: Method, prompt_ids: list[int], max_new_tokens: int,
-                draft_budget: DraftBudget | None = None) -> TurnResult:
-    """Greedy-decode one turn of at most `max_new_tokens` tokens with `method` drafting; `draft_budget`
-    (`evaluation.engine.budget`) cuts each proposed tree to what pays on this machine."""
+                draft_budget: DraftBudget | None = None, sampler: Sampler | None = None) -> TurnResult:
+    """Decode one turn of at most `max_new_tokens` tokens with `method` drafting: greedily, or sampling from the
+    target's processed distribution with `sampler`. `draft_budget` (`evaluation.engine.budget`) cuts each proposed
+    tree to what pays on this machine."""
     model, device, dtype = lm.model, lm.device, lm.dtype
     prompt_length = len(prompt_ids)
     budget = min(max_new_tokens, lm.max_context - prompt_length)
@@ -75,18 +81,19 @@ def decode_turn(lm, method: Method, prompt_ids: list[int], max_new_tokens: int,
 
     # Prefill: the whole prompt, causal, in one forward; only the last position's logits are needed.
     cache = cache_for(model, prompt_length + budget + method.max_nodes + 1)
-    causal = torch.full((prompt_length, prompt_length), torch.finfo(dtype).min, dtype=dtype).triu_(1)
+    causal = torch.full((prompt_length, prompt_length), torch.finfo(dtype).min, dtype=dtype, device=device).triu_(1)
     logits, hidden_states = _forward(
         model,
         torch.tensor([prompt_ids], device=device),
         torch.arange(prompt_length, device=device).unsqueeze(0),
-        causal.to(device)[None, None],
+        causal[None, None],
         cache,
         1,
         hidden,
     )
     last_logits = logits[-1]
-    first, stop_reason = cut_chunk([int(last_logits.argmax())], lm.stop_ids, budget)
+    first_token = sampler.draw(sampler.probabilities(last_logits)) if sampler else int(last_logits.argmax())
+    first, stop_reason = cut_chunk([first_token], lm.stop_ids, budget)
     clock.lap("prefill")
     if hidden:  # a method that reads hidden states also gets the prompt's (e.g. a trained draft's context)
         method.reset(list(prompt_ids), hidden_states=hidden_states)
@@ -117,9 +124,11 @@ def decode_turn(lm, method: Method, prompt_ids: list[int], max_new_tokens: int,
             model, inputs.input_ids, inputs.position_ids, inputs.attention_mask, cache, 0, hidden
         )
         clock.lap("forward")
-        # 4. greedy verification, then the stop rules on the committed chunk
+        # 4. verification, then the stop rules on the committed chunk
         tree_logits = logits[: inputs.num_tree_nodes]
-        if tree.rows is None:
+        if sampler is not None:  # explicit rows (FTA) are a greedy device: sampling follows the tree's parents
+            verdict = verify_sampled(inputs, tree_logits, sampler)
+        elif tree.rows is None:
             verdict = verify_greedy(inputs, tree_logits)
         else:
             verdict = verify_rows(inputs, tree_logits, tree.rows)
@@ -163,4 +172,5 @@ def decode_turn(lm, method: Method, prompt_ids: list[int], max_new_tokens: int,
         stop_reason=stop_reason,
         proposed_nodes=proposed_nodes,
         verified_nodes=verified_nodes,
+        draft_detail=method.draft_detail(),
     )

@@ -22,7 +22,7 @@ class DecodeState:
 
     tokens: list[int]  # prompt + generated; tokens[-1] is the pending token (exact, not yet fed to the model)
     prompt_length: int
-    last_logits: torch.Tensor  # [vocab] target logits whose argmax is tokens[-1]
+    last_logits: torch.Tensor  # [vocab] target logits tokens[-1] was chosen from (their argmax when greedy)
     max_new_tokens: int
 
     @property
@@ -88,3 +88,8 @@ class Method:
 
     def update(self, state: DecodeState, outcome: StepOutcome) -> None:
         """Called after each step; `state.tokens` already includes `outcome.committed`."""
+
+    def draft_detail(self) -> dict[str, float]:
+        """Seconds of named sub-parts of this turn's drafting (e.g. Gumiho's serial layers and MLP heads), for the
+        report's split of the `draft` part; {} when the method has none. Reset by `reset`."""
+        return {}

@@ -86,10 +86,67 @@ def ancestor_matrix(parents: np.ndarray) -> np.ndarray:
     return visible
 
 
+class MaskBuffer:
+    """A zeroed additive mask on one device, reused across steps: each step writes only its tree block.
+
+    The step's mask is a view `[1, 1, width, cache_length + width]` of it. Columns before the tree stay zero (the
+    cache is visible to every node), so the only per-step work is to clear the previous step's block and fill the new
+    one: nothing proportional to the context is allocated, filled or copied from the host. The row stride is kept a
+    multiple of 1024 elements, as fused attention kernels want aligned masks (else they copy them).
+    """
+
+    ROWS, COLUMNS = 64, 1024  # growth steps
+
+    def __init__(self, device: torch.device, dtype: torch.dtype):
+        self.device, self.dtype = device, dtype
+        self.buffer = torch.zeros((1, 1, 0, 0), dtype=dtype, device=device)
+        self.dirty: tuple[int, int] | None = None  # (rows, first column) of the block the last step wrote
+
+    def view(self, visible: torch.Tensor, cache_length: int) -> torch.Tensor:
+        """The mask for a `visible` [width, width] pattern (on this device) after `cache_length` cached positions.
+        Valid until the next call: the next step reuses the same memory."""
+        width = visible.shape[0]
+        rows, columns = self.buffer.shape[2:]
+        if width > rows or cache_length + width > columns:  # grow (rarely: by whole steps, doubling the columns)
+            if width > rows:
+                rows = -(-width // self.ROWS) * self.ROWS
+            if cache_length + width > columns:
+                columns = max(columns * 2, -(-(cache_length + width) // self.COLUMNS) * self.COLUMNS)
+            # A normal tensor even when made under inference mode, so that later steps outside it may write it.
+            with torch.inference_mode(False):
+                self.buffer = torch.zeros((1, 1, rows, columns), dtype=self.dtype, device=self.device)
+            self.dirty = None
+        if self.dirty is not None:
+            old_rows, old_start = self.dirty
+            self.buffer[0, 0, :old_rows, old_start : old_start + old_rows].zero_()
+            self.dirty = None
+        if width > 1:  # a single node sees the cache and itself: nothing to mask
+            block = self.buffer[0, 0, :width, cache_length : cache_length + width]
+            block.masked_fill_(~visible, torch.finfo(self.dtype).min)
+            self.dirty = (width, cache_length)
+        return self.buffer[:, :, :width, : cache_length + width]
+
+
+# One per (device, dtype) in this process; the decode loop is single-threaded.
+_MASKS: dict[tuple[torch.device, torch.dtype], MaskBuffer] = {}
+
+
+def mask_buffer(device: torch.device, dtype: torch.dtype) -> MaskBuffer:
+    buffer = _MASKS.get((device, dtype))
+    if buffer is None:
+        buffer = _MASKS[device, dtype] = MaskBuffer(torch.device(device), dtype)
+    return buffer
+
+
 def build_tree_inputs(
     pending_token: int, tree: DraftTree, cache_length: int, dtype: torch.dtype, device: torch.device
 ) -> TreeInputs:
-    """Lay the pending token, its draft tree and any side nodes out for one forward over a cache of `cache_length`."""
+    """Lay the pending token, its draft tree and any side nodes out for one forward over a cache of `cache_length`.
+
+    Built on `device` (the device of the model's input embeddings): one host-to-device copy per step carries what
+    only the host knows, the ids, the positions and the width x width visibility of the tree, and the mask is a view
+    of a buffer reused across steps (`MaskBuffer`). The mask is valid until the next call for the same device.
+    """
     tokens = np.asarray([pending_token] + list(tree.tokens), dtype=np.int64)
     parents = np.asarray([-1] + list(tree.parents), dtype=np.int64)
     num_tree = len(tokens)
@@ -112,14 +169,13 @@ def build_tree_inputs(
         offsets = np.concatenate([depths, np.asarray(side.offsets, dtype=np.int64)])
         all_tokens = np.concatenate([tokens, np.asarray(side.tokens, dtype=np.int64)])
 
-    mask = torch.zeros((1, 1, width, cache_length + width), dtype=dtype)
-    if width > 1:
-        blocked = torch.from_numpy(~visible)
-        mask[0, 0, :, cache_length:].masked_fill_(blocked, torch.finfo(dtype).min)
+    # ids, positions and visibility in one array: a single copy to the device
+    packed = np.concatenate([all_tokens, offsets + cache_length, visible.ravel()]).astype(np.int64)
+    on_device = torch.from_numpy(packed).to(device)
     return TreeInputs(
-        input_ids=torch.from_numpy(all_tokens).to(device).unsqueeze(0),
-        position_ids=torch.from_numpy(offsets + cache_length).to(device).unsqueeze(0),
-        attention_mask=mask.to(device),
+        input_ids=on_device[:width].unsqueeze(0),
+        position_ids=on_device[width : 2 * width].unsqueeze(0),
+        attention_mask=mask_buffer(device, dtype).view(on_device[2 * width :].view(width, width) != 0, cache_length),
         depths=depths,
         parents=parents,
         tokens=tokens,

@@ -89,6 +89,8 @@ def with_settings(df: pd.DataFrame) -> pd.DataFrame:
         if comparison.get("subtasks"):
             parts.append("subtasks=" + "+".join(map(str, comparison["subtasks"])))
         parts += [str(comparison[k]) for k in ("dtype", "device") if comparison.get(k)]
+        if comparison.get("sampling"):
+            parts.append(f"temperature {comparison['sampling']['temperature']:g}")
         titles[run_dir] = ", ".join(parts)
     out = df.copy()
     out["setting"] = out.run_dir.map(ids)
