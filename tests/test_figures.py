@@ -185,3 +185,27 @@ def test_ablation_table_and_figure(tmp_path):
         {"False": 1.0, "True": 5.0})
     written = figures.build_all(root, tmp_path / "out")
     assert any(p.name.startswith("ablations_") and p.suffix == ".png" for p in written)
+
+
+def test_gumiho_table_puts_ours_beside_the_paper_and_the_training_curve_is_drawn(tmp_path):
+    from pathlib import Path
+
+    from evaluation.figures.gumiho import draft_curves, gumiho_table, plot_training_curve
+    from evaluation.figures.tables import default_published_csv
+
+    ours = pd.DataFrame([{"subtask": "overall", "method": m, "method_label": m, "model": "toy", "temperature": t,
+                          "setting_title": "toy, cpu", "speedup": s, "mat": a}
+                         for m, t, s, a in (("gumiho", 0.0, 0.5, 1.8), ("eagle2", 0.0, 0.4, 1.7),
+                                            ("gumiho", 1.0, 0.45, 1.6), ("pld", 0.0, 1.1, 1.7))])
+    published = default_published_csv()
+    paper = Path(published).with_name("gumiho_paper.csv") if published else None
+    table = gumiho_table(ours, paper)
+    mine = table[table.source.str.startswith("ours")]
+    assert sorted(zip(mine.method, mine.temperature)) == [("eagle2", 0.0), ("gumiho", 0.0), ("gumiho", 1.0)]
+    if paper is not None and paper.is_file():
+        vicuna = table[(table.model == "Vicuna-7B") & (table.temperature == 0)].set_index("method")
+        assert vicuna.loc["gumiho", "speedup"] == pytest.approx(2.97) and vicuna.loc["eagle2", "MAT"] > 4
+    curves = draft_curves(Path(figures.__file__).resolve().parents[2] / "gumiho" / "drafts")
+    for model, path in curves.items():
+        figure = plot_training_curve(pd.read_csv(path), model)
+        assert len(figure.axes[0].lines) == 7  # one line per draft depth

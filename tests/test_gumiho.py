@@ -225,7 +225,15 @@ def _draft_once(method, lm, prompt, first_token):
 
 def test_gumiho_random_draft_is_lossless(lm, assert_lossless):
     torch.manual_seed(0)
-    assert_lossless(Gumiho(GumihoConfig(draft="random", seed=0), lm), names=ONE_PER_SUBTASK)
+    assert_lossless(Gumiho(GumihoConfig(draft="random", seed=0), lm), names=("q81", "q321", "q481"))
+
+
+def test_the_committed_drafts_are_lossless_and_accept_drafts(lm, assert_lossless):
+    """gumiho/drafts/<model>/, what `make bench` runs: exact, and trained (a random draft's MAT is about 1)."""
+    results = assert_lossless(Gumiho(GumihoConfig(), lm), names=ONE_PER_SUBTASK)
+    mat = sum(len(r.new_ids) for r in results.values()) / sum(r.steps for r in results.values())
+    assert mat > 1.2, mat
+    assert_lossless(Eagle2(Eagle2Config(), lm), names=("q81-turn2", "q241", "q401"))
 
 
 def test_gumiho_principled_switches_are_lossless(lm, assert_lossless):

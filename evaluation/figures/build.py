@@ -12,6 +12,7 @@ from evaluation import report
 from evaluation.errors import HarnessError
 from evaluation.files import write_text
 from evaluation.figures.ablations import ablation_table, plot_ablations
+from evaluation.figures.gumiho import draft_curves, gumiho_table, plot_training_curve
 from evaluation.figures.common import _latex, _markdown, _save, _write_csv, summarize_settings, with_settings
 from evaluation.figures.motivation import find_motivation, load_motivation, plot_motivation
 from evaluation.figures.plots import budget_pairs, plot_acceptance, plot_breakdown, plot_budget
@@ -22,7 +23,9 @@ from evaluation.report import method_sort_key
 OUTPUT_PATTERNS = ("table1.md", "table1.tex", "table1.csv", "published_specbench.csv", "ablations_*.csv",
                    "ablations_*.png", "ablations_*.pdf", "breakdown_*.png", "breakdown_*.pdf", "budget_*.csv",
                    "budget_*.png", "budget_*.pdf", "acceptance_*.png", "acceptance_*.pdf", "motivation_*.png",
-                   "motivation_*.pdf")
+                   "motivation_*.pdf", "gumiho.csv", "training_*.png", "training_*.pdf")
+DRAFTS_DIR = Path(__file__).resolve().parents[2] / "gumiho" / "drafts"
+GUMIHO_PAPER = "gumiho_paper.csv"
 
 
 def _remove_old_outputs(out: Path, keep: list[Path]) -> None:
@@ -36,7 +39,7 @@ def _remove_old_outputs(out: Path, keep: list[Path]) -> None:
 
 
 def build_all(results_dir: str | Path, out_dir: str | Path, published_csv: str | Path | None = None,
-              motivation: list[str | Path] | None = None) -> list[Path]:
+              motivation: list[str | Path] | None = None, drafts_dir: str | Path | None = DRAFTS_DIR) -> list[Path]:
     """Write every table and figure from the runs under `results_dir` into `out_dir`; returns the files."""
     out = Path(out_dir)
     df = report.load_runs(results_dir)
@@ -99,6 +102,22 @@ def build_all(results_dir: str | Path, out_dir: str | Path, published_csv: str |
                    _markdown(shown), ""]
     else:
         md += ["(Published Spec-Bench table skipped: reference CSV not found.)", ""]
+
+    paper = Path(published_csv).with_name(GUMIHO_PAPER) if published_csv is not None else None
+    gumiho = gumiho_table(summary, paper)
+    if not gumiho.empty and (gumiho.source.str.startswith("ours")).any():
+        _write_csv(gumiho, out / "gumiho.csv")
+        written.append(out / "gumiho.csv")
+        md += ["## Gumiho and EAGLE-2: ours beside the paper's", "",
+               "Overall speedup and MAT (τ). The paper's rows are its mean over six benchmarks on GPUs with its "
+               "released drafts for 7B-70B targets (`gumiho_paper.csv`); ours are another model, draft and machine: "
+               "they show the method runs and how it ranks here, not a reproduction of the paper's numbers.", "",
+               _markdown(gumiho.round(2).set_index("source")), ""]
+    for model, curve_csv in (draft_curves(drafts_dir).items() if drafts_dir else []):
+        figure = plot_training_curve(pd.read_csv(curve_csv), f"Gumiho draft for {model}")
+        written += _save(figure, out / f"training_{model}")
+        captions.append(f"- `training_{model}.png/.pdf`: held-out top-1 accuracy of the committed Gumiho draft per "
+                        f"depth (1-2 serial layers, 3-7 MLP heads) against training tokens (`{curve_csv.name}`).")
 
     for setting in (sorted(summary.setting.unique()) if not summary.empty else []):
         title = summary[summary.setting == setting].setting_title.iloc[0]
