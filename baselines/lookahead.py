@@ -167,6 +167,8 @@ class Lookahead(Method):
         return tree
 
     def update(self, state: DecodeState, outcome: StepOutcome) -> None:
+        if not outcome.drafted:  # the draft budget skipped this step: no window was fed, nothing to harvest
+            return
         pending, _, num_side = self._step
         predictions = outcome.side_logits.argmax(dim=-1).tolist()
         assert len(predictions) == num_side

@@ -26,6 +26,7 @@ class NgramIndex:
         self.max_n = max_n
         self.tokens: list[int] = []
         self.starts: dict[tuple[int, ...], list[int]] = {}
+        self.matched = 0  # n of the last lookup's matched n-gram (0: none)
 
     def extend(self, tokens: list[int]) -> None:
         for token in tokens:
@@ -57,7 +58,9 @@ class NgramIndex:
             if not starts or starts[0] > last_usable:
                 continue
             p = starts[0] if order == "earliest" else starts[bisect.bisect_right(starts, last_usable) - 1]
+            self.matched = n
             return self.tokens[p + n: p + n + k]
+        self.matched = 0
         return []
 
 
@@ -109,4 +112,7 @@ class PLD(Method):
                                    cfg.match_order)
         if not tokens and cfg.dummy_draft_when_no_match:
             tokens = [cfg.dummy_token_id]
-        return DraftTree.chain(tokens)
+        tree = DraftTree.chain(tokens)
+        # For the draft budget: a longer matched n-gram is a likelier continuation (the dummy token scores 0).
+        tree.scores = [self.index.matched / cfg.max_ngram_size] * len(tokens)
+        return tree

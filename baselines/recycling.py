@@ -156,12 +156,14 @@ class AdjacencyDrafter:
         return DraftTree(tokens[kept].tolist(), new_index[t.parents[kept]].tolist())
 
     def update(self, state: DecodeState, outcome: StepOutcome, node_tokens: np.ndarray) -> None:
-        self.learn(verified_tokens(node_tokens, outcome), outcome.tree_logits)
+        self.learn(verified_tokens(node_tokens, state, outcome), outcome.tree_logits)
 
 
-def verified_tokens(node_tokens: np.ndarray, outcome: StepOutcome) -> np.ndarray:
-    """The tokens of the verified nodes (the rows of `outcome.tree_logits`): all drafted nodes, or the ones a draft
-    budget kept."""
+def verified_tokens(node_tokens: np.ndarray, state: DecodeState, outcome: StepOutcome) -> np.ndarray:
+    """The tokens of the verified nodes (the rows of `outcome.tree_logits`): all drafted nodes, the ones a draft
+    budget kept, or only the pending token when the budget skipped drafting."""
+    if not outcome.drafted:
+        return np.asarray([state.tokens[-1 - len(outcome.committed)]], dtype=np.int64)
     kept = outcome.proposed_index
     return node_tokens if kept is None else node_tokens[np.asarray(kept)]
 

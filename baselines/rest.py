@@ -259,7 +259,10 @@ class Retriever:
         kept = self.select(trie)
         # Ascending node ids are a BFS order (parents first); renumber them 1..K below the pending token.
         index = {0: 0, **{int(node): i + 1 for i, node in enumerate(kept.tolist())}}
-        return DraftTree([int(trie.tokens[n]) for n in kept], [index[int(trie.parents[n])] for n in kept])
+        tree = DraftTree([int(trie.tokens[n]) for n in kept], [index[int(trie.parents[n])] for n in kept])
+        # For the draft budget: the share of the retrieved continuations through a node's parent that go on to it.
+        tree.scores = (trie.counts[kept] / trie.counts[trie.parents[kept]]).tolist()
+        return tree
 
 
 @register_method("rest")

@@ -116,6 +116,8 @@ class SamDecoding(Method):
         """The automaton's draft after `pending`, or None when the match is too short (the fallback's turn)."""
         cfg, sam = self.config, self.automaton
         state, length = sam.lookup(pending)
+        # For the draft budget: automaton drafts score by match length, in (0.25, 1]; the fallback's score 0.
+        self.match_score = 0.25 + 0.75 * min(length, 16) / 16
         if self.fallback is None and cfg.dynamic_length_without_fallback:
             size = min(cfg.n_predicts, 1 + int(length * cfg.alpha))
             return sam.continuation(state, size - 1) if length > 0 else []
@@ -134,8 +136,10 @@ class SamDecoding(Method):
         self.from_automaton = drafts is not None
         if drafts is not None:
             tree = DraftTree.chain(drafts)
+            tree.scores = [self.match_score] * len(drafts)
         elif self.fallback is not None:
             tree = self.fallback.draft(state)
+            tree.scores = [0.0] * len(tree.tokens)
         else:
             tree = DraftTree()
         self.node_tokens = np.asarray([state.tokens[-1]] + list(tree.tokens), dtype=np.int64)

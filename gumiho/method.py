@@ -136,7 +136,9 @@ class _TreeDraftMethod(Method):
         self._last_lap = now
 
     def update(self, state: DecodeState, outcome: StepOutcome) -> None:
-        self.pending = outcome.hidden_states[outcome.verdict.path]
+        accepted = outcome.hidden_states[outcome.verdict.path]
+        # After a step the draft budget did not draft, the previous step's pairs are still waiting: keep both.
+        self.pending = accepted if self.pending is None else torch.cat([self.pending, accepted])
 
     # ------------------------------------------------------------------------------------------ draft
     def _mask(self, visible_rows: list[list[int]], context: int, dtype) -> torch.Tensor:

@@ -3,12 +3,18 @@
 With `run.draft_budget=auto` the loop hands every proposed tree to `DraftBudget.select`, which keeps the subtree
 (a node only with its parent) that maximises the expected committed tokens per second,
 
-    (1 + sum of the kept nodes' acceptance probabilities) / t(1 + kept nodes + side nodes),
+    (1 + sum of the kept nodes' acceptance probabilities) / (c + t(1 + kept nodes + side nodes)),
 
-where t(k) is the target's forward time for k new tokens on this model, device, dtype and thread count, and a
-node's acceptance probability is the chance that its whole path is accepted. Drafting nothing is one of the
-choices (it is vanilla's step). Pruning a draft never changes the greedy output: the bonus token after the last
-accepted node is the target's own argmax whatever was drafted.
+where t(k) is the target's forward time for k new tokens on this model, device, dtype and thread count, c the
+rest of the step (this step's drafting, then tree layout, verification, cache and method updates, learned online),
+and a node's acceptance probability is the chance that its whole path is accepted. Keeping nothing is one of the
+choices. Before drafting, `wants_draft` also decides whether drafting at all pays: when the expected rate of the
+recent drafted steps, their drafting time included, falls below that of a step that drafts nothing (a method
+whose drafting alone costs more than it brings, such as a weak trained draft on a CPU), the step is vanilla's and
+the method is not asked, with two drafted steps now and then (further apart while drafting keeps losing) to
+notice when it pays again. Neither
+changes the greedy output: the bonus token after the last accepted node is the target's own argmax whatever was
+drafted, and with sampling the engine's rule keeps the target's distribution for any draft.
 
 - Latency: `LatencyCurve`, measured by a short calibration (`calibrate`, a few seconds) and cached on disk under
   the harness cache dir with its key, or replayed from a file (`run.latency_curve=FILE`, e.g. the
@@ -16,8 +22,10 @@ accepted node is the target's own argmax whatever was drafted.
   kept honest online from the forward times the loop measures anyway; a replayed one is left as given.
 - Acceptance: `AcceptanceModel`, the probability that a node is accepted given that its parent is, from its depth,
   its rank among its siblings and an optional per-node score the method supplies (`DraftTree.scores`, in [0, 1]),
-  learned online from every step as Beta counts per bucket, from every proposed node (verified or cut) whose
-  outcome the committed tokens reveal. A path's probability is the product along it.
+  learned online as Beta counts per bucket from every proposed node, verified or cut: a node's path is right
+  when it equals the tokens that end up committed after its pending token, known a few steps later (the output
+  does not depend on the draft, so a cut node is judged as surely as a verified one, at every depth). A path's
+  probability is the product along it.
 - Selection: a child's path probability never exceeds its parent's, so the best subtree of n nodes is the n most
   probable nodes (ties broken by layout order, which puts parents first); one sort and a scan over n finds the
   best n. `tests/test_budget.py` checks this against brute force over all subtrees.
@@ -89,7 +97,7 @@ class LatencyCurve:
 
     def __post_init__(self):
         self.new_tokens = np.asarray(self.new_tokens, dtype=float)
-        self.seconds = np.maximum.accumulate(np.asarray(self.seconds, dtype=float))
+        self.seconds = np.asarray(self.seconds, dtype=float)  # as measured: a width can cost less than a narrower one
         self._log_k = np.log2(self.new_tokens)
 
     def __call__(self, k) -> np.ndarray:
@@ -108,7 +116,6 @@ class LatencyCurve:
         i = int(np.argmin(np.abs(self._log_k - np.log2(k))))
         ratio = seconds / float(self(k))
         self.seconds[i] *= (1 - weight) + weight * min(max(ratio, 0.25), 4.0)  # one outlier moves it little
-        self.seconds = np.maximum.accumulate(self.seconds)
 
     @classmethod
     def from_table(cls, table: pd.DataFrame, source: str, online: bool) -> "LatencyCurve":
@@ -223,13 +230,14 @@ class AcceptanceModel:
 
     def observe(self, parents: np.ndarray, depths: np.ndarray, scores: np.ndarray | None, tokens: np.ndarray,
                 committed: list[int]) -> None:
-        """Count, for every proposed node whose outcome the step reveals, whether it would be accepted.
+        """Count, for every proposed node whose outcome `committed` reveals, whether its path was right.
 
-        Greedy output does not depend on the draft, so the committed chunk (accepted drafts, then the bonus) says
-        it for every proposed node, verified or cut by the budget: the node at depth d is right when its parent
-        is and its token is committed[d-1]. Learning from cut nodes too means that a tree cut to nothing still
-        teaches the model, so an estimate that has fallen too low can recover. Nodes below depth len(committed)
-        stay unknown and are not counted.
+        `committed` is what the turn went on with after the proposal's pending token. Greedy output does not
+        depend on the draft, so it says it for every proposed node, verified or cut by the budget: the node at
+        depth d is right when its parent is and its token is committed[d-1] (with sampling, the committed tokens
+        follow the target's distribution, so the count still estimates the acceptance probability). Learning from
+        cut nodes too means that a tree cut to nothing still teaches the model, so an estimate that has fallen
+        too low can recover. Nodes below depth len(committed) stay unknown and are not counted.
         """
         n = len(parents)
         if n < 2:
@@ -252,9 +260,10 @@ class AcceptanceModel:
 # ---------------------------------------------------------------- selection
 
 
-def best_subtree(probabilities: np.ndarray, parents: np.ndarray, latency, side_nodes: int = 0) -> np.ndarray:
+def best_subtree(probabilities: np.ndarray, parents: np.ndarray, latency, side_nodes: int = 0,
+                 fixed_seconds: float = 0.0) -> np.ndarray:
     """Draft nodes (1-based tree indices, increasing) of the subtree that maximises expected committed tokens per
-    second, (1 + sum p) / t(1 + n + side_nodes); empty when drafting nothing is best.
+    second, (1 + sum p) / (fixed_seconds + t(1 + n + side_nodes)); empty when keeping nothing is best.
 
     `probabilities[i-1]` is the path probability of draft node i and never exceeds its parent's, so the best
     subtree of n nodes holds the n most probable nodes; ties go to the earlier node, which keeps parents first.
@@ -264,7 +273,7 @@ def best_subtree(probabilities: np.ndarray, parents: np.ndarray, latency, side_n
         return np.zeros(0, dtype=np.int64)
     order = np.argsort(-probabilities, kind="stable")
     expected = 1.0 + np.concatenate([[0.0], np.cumsum(probabilities[order])])
-    rate = expected / latency(1 + side_nodes + np.arange(n + 1))
+    rate = expected / (fixed_seconds + latency(1 + side_nodes + np.arange(n + 1)))
     best = int(np.argmax(rate))  # the first maximum: the smallest tree among equals
     kept = np.sort(order[:best]) + 1
     keep = np.zeros(n + 1, dtype=bool)
@@ -296,37 +305,144 @@ def prune(tree: DraftTree, kept: np.ndarray) -> DraftTree:
     return DraftTree(tokens=tokens, parents=parents, side=side, scores=scores)
 
 
+@dataclass
+class RateMeter:
+    """Committed tokens and seconds of some of the recent steps, each step fading the older ones by `decay`."""
+
+    decay: float = 0.97
+    tokens: float = 0.0
+    seconds: float = 0.0
+
+    def fade(self) -> None:
+        self.tokens *= self.decay
+        self.seconds *= self.decay
+
+    def add(self, tokens: int, seconds: float) -> None:
+        self.tokens += tokens
+        self.seconds += seconds
+
+    @property
+    def rate(self) -> float | None:
+        return self.tokens / self.seconds if self.seconds > 0 else None
+
+
 class DraftBudget:
-    """Decides, each step, how much of the proposed tree to verify; learns from every step's outcome."""
+    """Decides, each step, whether to draft and how much of the proposed tree to verify; learns from every step.
+
+    The loop calls, per step: `wants_draft()`, then `select(tree, position, draft_seconds)` on what the method
+    drafted (or an empty tree), then `observe(...)` once the step is over; `end_turn(tokens)` after a turn.
+    """
+
+    MAX_EXPLORE_GAP = 128  # skipped steps between two explorations, at most
+    EXPLORE_STEPS = 2  # drafted steps in a row when exploring
 
     def __init__(self, latency: LatencyCurve, acceptance: AcceptanceModel | None = None):
         self.latency = latency
         self.acceptance = acceptance or AcceptanceModel()
-        self._proposed = None  # the last proposed tree's parents, depths, scores and tokens, for `observe`
+        self.plain = RateMeter()  # steps that did not draft (vanilla's step), measured
+        self.gain: float | None = None  # running mean of drafted steps' expected rate over the plain step's
+        self.other_seconds = 0.0  # the part of a step that is neither drafting nor the forward (running mean)
+        self._explore_gap = 0  # while drafting does not pay, explore once every this many steps
+        self._skipped = 0
+        self._exploring = 0  # drafted steps left in the current exploration
+        self._explored = False  # whether this step is one of them
+        self._last = None  # the last proposed tree's parents, depths, scores and tokens, for `observe`
+        self._unresolved: list[tuple[int, int, tuple]] = []  # (position, depth, proposal) awaiting later tokens
 
-    def select(self, tree: DraftTree) -> tuple[DraftTree, np.ndarray | None]:
-        """The kept tree and, when anything was cut, the proposed index of each kept node (node 0 first)."""
-        self._proposed = None
-        if not tree.tokens or tree.rows is not None:
+    # ---- whether to draft at all
+
+    def plain_rate(self) -> float:
+        """Committed tokens per second of a step that drafts nothing: measured once such steps ran, else from
+        the latency curve and the rest of the step."""
+        measured = self.plain.rate
+        if measured is not None and self.plain.seconds > 5 * float(self.latency(1)):
+            return measured
+        return 1.0 / (float(self.latency(1)) + self.other_seconds)
+
+    def wants_draft(self) -> bool:
+        """Draft this step? Yes while the recent drafted steps were expected to commit tokens at least as fast as
+        a plain step (or nothing is known yet); otherwise no, except a few drafted steps every `_explore_gap`
+        steps, a gap that doubles each time drafting still loses, so a method whose drafting never pays costs
+        little. Expected rather than realised rates: one step commits 1 or 5 tokens by chance, while the
+        acceptance model's expectation, learned from every proposed node, is steady after a few steps."""
+        self._explored = self._exploring > 0
+        if self._exploring:
+            self._exploring -= 1
+            return True
+        if self.gain is None or self.gain >= 1.0:
+            self._explore_gap = self._skipped = 0
+            return True
+        self._skipped += 1
+        if self._skipped > self._explore_gap:
+            self._skipped = 0
+            self._explore_gap = min(max(2 * self._explore_gap, 4), self.MAX_EXPLORE_GAP)
+            self._exploring = self.EXPLORE_STEPS - 1
+            self._explored = True
+            return True
+        return False
+
+    # ---- what to keep
+
+    def select(self, tree: DraftTree, position: int = 0, draft_seconds: float = 0.0
+               ) -> tuple[DraftTree, np.ndarray | None]:
+        """The kept tree and, when anything was cut, the proposed index of each kept node (node 0 first).
+        `position`: the index the first draft token would take in the turn's token list; `draft_seconds`: what
+        this step's drafting took (paid whatever is kept, so part of every choice's cost)."""
+        self._last = None
+        side = len(tree.side.tokens) if tree.side is not None else 0  # e.g. Lookahead's window: verified as is
+        fixed = draft_seconds + self.other_seconds
+        if not tree.tokens:
+            self._note_gain(1.0 / (fixed + float(self.latency(1 + side))))
+            return tree, None
+        if tree.rows is not None:
             return tree, None  # explicit verification rows (Gumiho's FTA) are verified as the method laid them out
         parents = np.asarray([-1] + list(tree.parents), dtype=np.int64)
         depths = np.zeros(len(parents), dtype=np.int64)
         for i in range(1, len(parents)):
             depths[i] = depths[parents[i]] + 1
         scores = np.asarray(tree.scores, dtype=float) if tree.scores is not None else None
-        self._proposed = (parents, depths, scores, np.asarray([-1] + list(tree.tokens), dtype=np.int64))
+        proposal = (parents, depths, scores, np.asarray([-1] + list(tree.tokens), dtype=np.int64))
+        self._unresolved.append((position, int(depths.max()), proposal))
         p = self.acceptance.path_probabilities(parents, depths, scores)
-        side = len(tree.side.tokens) if tree.side is not None else 0
-        kept = best_subtree(p, parents, self.latency, side)
+        kept = best_subtree(p, parents, self.latency, side, fixed)
+        expected_rate = (1.0 + p[kept - 1].sum()) / (fixed + float(self.latency(1 + side + len(kept))))
+        self._note_gain(expected_rate)
         if len(kept) == len(tree.tokens):
             return tree, None
         return prune(tree, kept), np.concatenate([[0], kept])
 
-    def observe(self, committed: list[int], forward_tokens: int, forward_seconds: float) -> None:
-        """Learn from one step: what the proposed tree would have had accepted, and how long the forward took."""
-        if self._proposed is not None:
-            self.acceptance.observe(*self._proposed, committed)
+    def _note_gain(self, expected_rate: float) -> None:
+        """Fold one drafted step's expected rate, relative to a plain step's, into the running mean."""
+        gain = expected_rate / self.plain_rate()
+        weight = 0.5 if self._explored else 0.1  # an exploration speaks for the many steps skipped before it
+        self.gain = gain if self.gain is None else self.gain + weight * (gain - self.gain)
+
+    # ---- learning
+
+    def observe(self, tokens: list[int], drafted: bool, committed: int, step_seconds: float,
+                draft_seconds: float, forward_tokens: int, forward_seconds: float) -> None:
+        """Learn from one finished step: `tokens` is the turn's token list with this step's `committed` tokens."""
+        self.plain.fade()
+        if not drafted:
+            self.plain.add(committed, step_seconds)
+        other = max(step_seconds - draft_seconds - forward_seconds, 0.0)
+        self.other_seconds += 0.05 * (other - self.other_seconds) if self.other_seconds else other
         self.latency.observe(forward_tokens, forward_seconds)
+        self._resolve(tokens, final=False)
+
+    def end_turn(self, tokens: list[int]) -> None:
+        """The turn is over: judge what is left against the tokens it ended with (deeper nodes stay unknown)."""
+        self._resolve(tokens, final=True)
+
+    def _resolve(self, tokens: list[int], final: bool) -> None:
+        """Count the proposals whose every node can now be judged (all of them at the end of a turn)."""
+        waiting = []
+        for position, depth, proposal in self._unresolved:
+            if final or position + depth <= len(tokens):
+                self.acceptance.observe(*proposal, tokens[position:position + depth])
+            else:
+                waiting.append((position, depth, proposal))
+        self._unresolved = waiting
 
 
 def make_budget(mode: str, lm, curve_file: str | None, cache_dir: Path, model: str) -> DraftBudget | None:

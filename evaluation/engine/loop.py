@@ -20,7 +20,7 @@ from evaluation.engine.kv_cache import cache_for
 from evaluation.engine.method import DecodeState, Method, StepOutcome
 from evaluation.engine.sampling import Sampler, verify_sampled
 from evaluation.engine.timing import LapClock
-from evaluation.engine.tree import build_tree_inputs, verify_greedy, verify_rows
+from evaluation.engine.tree import DraftTree, build_tree_inputs, verify_greedy, verify_rows
 
 
 @dataclass
@@ -106,13 +106,17 @@ def decode_turn(lm, method: Method, prompt_ids: list[int], max_new_tokens: int,
     proposed_nodes: list[int] = []
     verified_nodes: list[int] = []
     while not stop_reason:
-        # 1. draft, then (with a budget) keep what is expected to pay
-        tree = method.draft(state)
+        # 1. draft (unless the budget says drafting does not pay now), then keep what is expected to pay
+        step_start = clock.elapsed
+        drafted = draft_budget is None or draft_budget.wants_draft()
+        if draft_budget is not None:
+            clock.lap("budget")
+        tree = method.draft(state) if drafted else DraftTree()
         clock.lap("draft")
         proposed_nodes.append(len(tree))
         proposed_index = None
-        if draft_budget is not None:
-            tree, proposed_index = draft_budget.select(tree)
+        if draft_budget is not None and drafted:
+            tree, proposed_index = draft_budget.select(tree, len(state.tokens), clock.last_lap("draft"))
             clock.lap("budget")
         verified_nodes.append(len(tree))
         # 2. lay the pending token and the tree out for one forward
@@ -136,9 +140,6 @@ def decode_turn(lm, method: Method, prompt_ids: list[int], max_new_tokens: int,
             verdict.accepted_tokens + [verdict.bonus], lm.stop_ids, budget - state.generated
         )
         clock.lap("verify")
-        if draft_budget is not None:
-            draft_budget.observe(committed, int(inputs.input_ids.shape[1]), clock.last_lap("forward"))
-            clock.lap("budget")
         # 5. keep the keys/values of the pending token and the accepted drafts
         cache.commit(cache_length, verdict.path)
         clock.lap("commit")
@@ -156,10 +157,17 @@ def decode_turn(lm, method: Method, prompt_ids: list[int], max_new_tokens: int,
                     side_logits=logits[inputs.num_tree_nodes :] if tree.side else None,
                     hidden_states=hidden_states,
                     proposed_index=proposed_index,
+                    drafted=drafted,
                 ),
             )
         clock.lap("update")
+        if draft_budget is not None:
+            draft_budget.observe(state.tokens, drafted, len(committed), clock.elapsed - step_start,
+                                 clock.last_lap("draft"), int(inputs.input_ids.shape[1]), clock.last_lap("forward"))
+            clock.lap("budget")
 
+    if draft_budget is not None:
+        draft_budget.end_turn(state.tokens)
     if not stop_reason:
         stop_reason = "max_new_tokens"
     if stop_reason == "max_new_tokens" and budget < max_new_tokens:

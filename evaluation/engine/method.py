@@ -42,6 +42,9 @@ class StepOutcome:
     # When the draft budget cut the tree: the proposed index of each verified node (node 0 first), so a method
     # can map the verified nodes (verdict.path, tree_logits rows) back to what it drafted. None: nothing was cut.
     proposed_index: np.ndarray | None = None
+    # False when the draft budget skipped drafting this step (`draft` was not called; the tree was empty), so a
+    # method that keeps state from its last draft must not use it.
+    drafted: bool = True
 
 
 # Method families, in table order.
@@ -87,7 +90,8 @@ class Method:
         return DraftTree()
 
     def update(self, state: DecodeState, outcome: StepOutcome) -> None:
-        """Called after each step; `state.tokens` already includes `outcome.committed`."""
+        """Called after each step, drafted or not (`outcome.drafted`); `state.tokens` already includes
+        `outcome.committed`."""
 
     def draft_detail(self) -> dict[str, float]:
         """Seconds of named sub-parts of this turn's drafting (e.g. Gumiho's serial layers and MLP heads), for the
