@@ -394,8 +394,7 @@ class DraftBudget:
         if not tree.tokens:
             self._note_gain(1.0 / (fixed + float(self.latency(1 + side))))
             return tree, None
-        if tree.rows is not None:
-            return tree, None  # explicit verification rows (Gumiho's FTA) are verified as the method laid them out
+
         parents = np.asarray([-1] + list(tree.parents), dtype=np.int64)
         depths = np.zeros(len(parents), dtype=np.int64)
         for i in range(1, len(parents)):
@@ -404,6 +403,10 @@ class DraftBudget:
         proposal = (parents, depths, scores, np.asarray([-1] + list(tree.tokens), dtype=np.int64))
         self._unresolved.append((position, int(depths.max()), proposal))
         p = self.acceptance.path_probabilities(parents, depths, scores)
+        if tree.rows is not None:  # explicit verification rows (Gumiho's FTA) are verified as the method laid them
+            # out, never cut; whether drafting them pays is judged on the whole tree
+            self._note_gain((1.0 + p.sum()) / (fixed + float(self.latency(1 + side + len(p)))))
+            return tree, None
         kept = best_subtree(p, parents, self.latency, side, fixed)
         expected_rate = (1.0 + p[kept - 1].sum()) / (fixed + float(self.latency(1 + side + len(kept))))
         self._note_gain(expected_rate)
