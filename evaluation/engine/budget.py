@@ -353,9 +353,10 @@ class DraftBudget:
 
     def plain_rate(self) -> float:
         """Committed tokens per second of a step that drafts nothing: measured once such steps ran, else from
-        the latency curve and the rest of the step."""
+        the latency curve and the rest of the step; always from the curve when it is replayed from another
+        machine, which the expected rates of drafted steps then describe too."""
         measured = self.plain.rate
-        if measured is not None and self.plain.seconds > 5 * float(self.latency(1)):
+        if self.latency.online and measured is not None and self.plain.seconds > 5 * float(self.latency(1)):
             return measured
         return 1.0 / (float(self.latency(1)) + self.other_seconds)
 
