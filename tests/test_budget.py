@@ -173,7 +173,7 @@ def test_latency_curve_interpolates_learns_and_reads_files(tmp_path):
 def test_calibration_is_measured_once_then_cached(lm, tmp_path):
     first = calibrate(lm, tmp_path, repeats=1)
     assert first.source.startswith("calibrated") and "cached" not in first.source
-    assert first.seconds[0] > 0 and np.all(np.diff(first.seconds) >= 0)
+    assert np.all(first.seconds > 0) and len(first.seconds) == len(first.new_tokens)  # kept as measured
     [cached_file] = (tmp_path / "latency").glob("*.csv")
     second = calibrate(lm, tmp_path)
     assert second.source.endswith("(cached)") and np.allclose(second.seconds, first.seconds)
