@@ -12,8 +12,7 @@ choices. Before drafting, `wants_draft` also decides whether drafting at all pay
 recent drafted steps, their drafting time included, falls below that of a step that drafts nothing (a method
 whose drafting alone costs more than it brings, such as a weak trained draft on a CPU), the step is vanilla's and
 the method is not asked, with two drafted steps now and then (further apart while drafting keeps losing) to
-notice when it pays again. Neither
-changes the greedy output: the bonus token after the last accepted node is the target's own argmax whatever was
+notice when it pays again. Neither changes the greedy output: the bonus token after the last accepted node is the target's own argmax whatever was
 drafted, and with sampling the engine's rule keeps the target's distribution for any draft.
 
 - Latency: `LatencyCurve`, measured by a short calibration (`calibrate`, a few seconds) and cached on disk under
@@ -329,8 +328,8 @@ class RateMeter:
 class DraftBudget:
     """Decides, each step, whether to draft and how much of the proposed tree to verify; learns from every step.
 
-    The loop calls, per step: `wants_draft()`, then `select(tree, position, draft_seconds)` on what the method
-    drafted (or an empty tree), then `observe(...)` once the step is over; `end_turn(tokens)` after a turn.
+    The loop calls, per step: `wants_draft()`, then, when it drafted, `select(tree, position, draft_seconds)` on
+    what the method proposed, then `observe(...)` once the step is over; `end_turn(tokens)` after a turn.
     """
 
     MAX_EXPLORE_GAP = 128  # skipped steps between two explorations, at most
@@ -346,7 +345,6 @@ class DraftBudget:
         self._skipped = 0
         self._exploring = 0  # drafted steps left in the current exploration
         self._explored = False  # whether this step is one of them
-        self._last = None  # the last proposed tree's parents, depths, scores and tokens, for `observe`
         self._unresolved: list[tuple[int, int, tuple]] = []  # (position, depth, proposal) awaiting later tokens
 
     # ---- whether to draft at all
@@ -389,7 +387,6 @@ class DraftBudget:
         """The kept tree and, when anything was cut, the proposed index of each kept node (node 0 first).
         `position`: the index the first draft token would take in the turn's token list; `draft_seconds`: what
         this step's drafting took (paid whatever is kept, so part of every choice's cost)."""
-        self._last = None
         side = len(tree.side.tokens) if tree.side is not None else 0  # e.g. Lookahead's window: verified as is
         fixed = draft_seconds + self.other_seconds
         if not tree.tokens:
