@@ -6,8 +6,9 @@ MODEL   ?= smollm2-135m
 QUESTIONS ?= 1
 MAX_NEW   ?= 128
 WARMUP    ?= 1
-# Whole-run repeats, run in rounds (every method once, then every method again) so that drift of the
-# machine over the hour falls on all methods alike; finished repeats are resumed, not redone.
+# Whole-run repeats, run in rounds (every method once, then every method again), each round starting a third
+# of the way further down the list, so that drift of the machine over a round does not always fall on the same
+# methods (vanilla included); finished repeats are resumed, not redone.
 REPEATS   ?= 3
 # The draft budget: off (every proposed node is verified, as published) or auto (evaluation/engine/budget.py).
 BUDGET    ?= off
@@ -49,7 +50,9 @@ test: setup data  ## run the test suite (CPU, real embedded model)
 
 bench: setup data  ## every method on a Spec-Bench slice, REPEATS times, then the report
 	for round in $$(seq 1 $(REPEATS)); do \
-		$(PY) run.py -m model=$(MODEL) method=$(METHODS) bench.questions_per_subtask=$(QUESTIONS) \
+		order=$$(echo $(METHODS) | tr , '\n' | awk -v r=$$round '{m[NR-1] = $$0} END {s = int((r - 1) * NR / 3) % NR; \
+			for (i = 0; i < NR; i++) printf "%s%s", (i ? "," : ""), m[(i + s) % NR]}'); \
+		$(PY) run.py -m model=$(MODEL) method=$$order bench.questions_per_subtask=$(QUESTIONS) \
 			bench.max_new_tokens=$(MAX_NEW) bench.warmup=$(WARMUP) run.repeats=$$round run.draft_budget=$(BUDGET) \
 			bench.temperature=$(TEMPERATURE) \
 			run.report=false || exit 1; \

@@ -128,27 +128,45 @@ def test_cut_nodes_are_judged_at_every_depth_once_the_turn_reveals_them():
     assert (budget.acceptance.tested - before)[:2, 0, 0].tolist() == [2, 1]
 
 
-def test_drafting_stops_when_it_does_not_pay_and_resumes_when_it_does():
+def _skip_and_resume(draft_seconds: float, losing_steps: int) -> tuple[list[int], float, float]:
+    """Steps of 1 s plus drafting on a budget whose drafts never pay, then drafts nearly always right and free.
+    Returns the steps that drafted while losing, the time spent beyond plain steps, and the last gap seen."""
     budget = DraftBudget(LatencyCurve([1, 2, 64], [1.0, 1.1, 2.0], online=False))
     chain = DraftTree.chain([5, 6, 7])
+    budget.acceptance.accepted = 0.05 * budget.acceptance.tested  # drafts are rarely right
 
     def step(draft_seconds: float) -> bool:
         drafted = budget.wants_draft()
         if drafted:
             budget.select(chain, 0, draft_seconds)
         spent = draft_seconds if drafted else 0.0
-        budget.observe([0], drafted, 1, 1.0 + spent, spent, 1, 1.0)
+        forward = float(budget.latency(4)) if drafted else 1.0
+        budget.observe([0], drafted, 1, forward + spent, spent, 4 if drafted else 1, forward)
         return drafted
 
     assert budget.wants_draft()  # nothing known: draft
-    decisions = [step(draft_seconds=5.0) for _ in range(200)]  # drafting costs five plain steps: it never pays
+    decisions = [step(draft_seconds) for _ in range(losing_steps)]
     explored = [i for i, d in enumerate(decisions) if d]
-    assert 0 < len(explored) <= 16  # a few exploratory drafts, further and further apart
-    gaps = [b - a for a, b in zip(explored, explored[1:]) if b - a > 1]
-    assert gaps == sorted(gaps) and gaps[-1] >= 32
+    excess = sum(float(budget.latency(4)) + draft_seconds - 1.0 for _ in explored)
+    gap = budget._explore_gap
     budget.acceptance.accepted = 0.95 * budget.acceptance.tested  # drafts turn out nearly always right, and free
-    resumed = [step(draft_seconds=0.0) for _ in range(200)]
+    resumed = [step(0.0) for _ in range(budget.MAX_EXPLORE_GAP + 100)]
     assert all(resumed[-50:])  # the next exploration found it out and drafting went on
+    return explored, excess / losing_steps, gap
+
+
+def test_drafting_stops_when_it_does_not_pay_and_resumes_when_it_does():
+    # Drafting costs five plain steps and never pays: a few explorations, further and further apart, whose cost
+    # sizes the gap (not the doubling alone) so that they take about 1% of the time.
+    explored, overhead, gap = _skip_and_resume(draft_seconds=5.0, losing_steps=3000)
+    assert 0 < len(explored) <= 16
+    gaps = [b - a for a, b in zip(explored, explored[1:]) if b - a > 1]
+    assert gaps == sorted(gaps) and gaps[-1] > DraftBudget.DOUBLING_CAP
+    assert overhead < 0.02
+    # Drafting that costs a fifth of a plain step and loses: cheap explorations stay frequent (the
+    # doubling's cap), so drafting resumes soon after it starts to pay.
+    explored, overhead, gap = _skip_and_resume(draft_seconds=0.2, losing_steps=3000)
+    assert gap == DraftBudget.DOUBLING_CAP and len(explored) > 3000 // (DraftBudget.DOUBLING_CAP + 2)
 
 
 def test_latency_curve_interpolates_learns_and_reads_files(tmp_path):

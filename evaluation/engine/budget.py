@@ -11,8 +11,8 @@ and a node's acceptance probability is the chance that its whole path is accepte
 choices. Before drafting, `wants_draft` also decides whether drafting at all pays: when the expected rate of the
 recent drafted steps, their drafting time included, falls below that of a step that drafts nothing (a method
 whose drafting alone costs more than it brings, such as a weak trained draft on a CPU), the step is vanilla's and
-the method is not asked, with two drafted steps now and then (further apart while drafting keeps losing) to
-notice when it pays again. Neither changes the greedy output: the bonus token after the last accepted node is the target's own argmax whatever was
+the method is not asked, with two drafted steps now and then (further apart while drafting keeps losing, and
+far enough apart that they cost at most 1% of the time) to notice when it pays again. Neither changes the greedy output: the bonus token after the last accepted node is the target's own argmax whatever was
 drafted, and with sampling the engine's rule keeps the target's distribution for any draft.
 
 - Latency: `LatencyCurve`, measured by a short calibration (`calibrate`, a few seconds) and cached on disk under
@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -332,7 +333,9 @@ class DraftBudget:
     what the method proposed, then `observe(...)` once the step is over; `end_turn(tokens)` after a turn.
     """
 
-    MAX_EXPLORE_GAP = 128  # skipped steps between two explorations, at most
+    DOUBLING_CAP = 128  # the gap between two explorations doubles up to this many skipped steps ...
+    EXPLORE_SHARE = 0.01  # ... or more, so that explorations cost at most this share of the skipped steps' time
+    MAX_EXPLORE_GAP = 1024  # skipped steps between two explorations, at most
     EXPLORE_STEPS = 2  # drafted steps in a row when exploring
 
     def __init__(self, latency: LatencyCurve, acceptance: AcceptanceModel | None = None):
@@ -345,6 +348,7 @@ class DraftBudget:
         self._skipped = 0
         self._exploring = 0  # drafted steps left in the current exploration
         self._explored = False  # whether this step is one of them
+        self.exploration_excess: float | None = None  # seconds an exploratory step costs beyond a plain step
         self._unresolved: list[tuple[int, int, tuple]] = []  # (position, depth, proposal) awaiting later tokens
 
     # ---- whether to draft at all
@@ -361,9 +365,11 @@ class DraftBudget:
     def wants_draft(self) -> bool:
         """Draft this step? Yes while the recent drafted steps were expected to commit tokens at least as fast as
         a plain step (or nothing is known yet); otherwise no, except a few drafted steps every `_explore_gap`
-        steps, a gap that doubles each time drafting still loses, so a method whose drafting never pays costs
-        little. Expected rather than realised rates: one step commits 1 or 5 tokens by chance, while the
-        acceptance model's expectation, learned from every proposed node, is steady after a few steps."""
+        steps, a gap that doubles each time drafting still loses and is never shorter than keeps explorations
+        under `EXPLORE_SHARE` of the time, so a method whose drafting never pays costs little however slow its
+        drafts (a trained draft head's step costs several plain steps on a CPU). Expected rather than realised
+        rates: one step commits 1 or 5 tokens by chance, while the acceptance model's expectation, learned from
+        every proposed node, is steady after a few steps."""
         self._explored = self._exploring > 0
         if self._exploring:
             self._exploring -= 1
@@ -374,11 +380,19 @@ class DraftBudget:
         self._skipped += 1
         if self._skipped > self._explore_gap:
             self._skipped = 0
-            self._explore_gap = min(max(2 * self._explore_gap, 4), self.MAX_EXPLORE_GAP)
+            self._explore_gap = min(max(min(2 * self._explore_gap, self.DOUBLING_CAP), 4, self._gap_for_cost()),
+                                    self.MAX_EXPLORE_GAP)
             self._exploring = self.EXPLORE_STEPS - 1
             self._explored = True
             return True
         return False
+
+    def _gap_for_cost(self) -> int:
+        """Skipped steps that make one exploration cost `EXPLORE_SHARE` of their time (0 before any exploration)."""
+        if not self.exploration_excess:
+            return 0
+        plain_step_seconds = 1.0 / self.plain_rate()
+        return math.ceil(self.EXPLORE_STEPS * self.exploration_excess / (self.EXPLORE_SHARE * plain_step_seconds))
 
     # ---- what to keep
 
@@ -423,6 +437,10 @@ class DraftBudget:
     def observe(self, tokens: list[int], drafted: bool, committed: int, step_seconds: float,
                 draft_seconds: float, forward_tokens: int, forward_seconds: float) -> None:
         """Learn from one finished step: `tokens` is the turn's token list with this step's `committed` tokens."""
+        if drafted and self._explored:  # what exploring costs: the step's time beyond plain steps committing as much
+            excess = max(step_seconds - committed / self.plain_rate(), 0.0)
+            self.exploration_excess = excess if self.exploration_excess is None else (
+                self.exploration_excess + 0.5 * (excess - self.exploration_excess))
         self.plain.fade()
         if not drafted:
             self.plain.add(committed, step_seconds)
