@@ -1,6 +1,6 @@
 """The report: speedup, mean accepted tokens, time breakdown and losslessness of each method against vanilla.
 
-    python -m evaluation.report [--results results/runs] [--out results]
+    python -m evaluation.report [--results results/runs [more folders]] [--out results]
 
 Runs are compared only with a vanilla run of the same model, question file, selection, token budget, dtype,
 device and repeat index (their `comparison_key`). Definitions:
@@ -48,8 +48,21 @@ def method_sort_key(label: str, method: str | None = None) -> tuple:
     return rank, base, label != base, natural
 
 
-def load_runs(results_dir: str | Path) -> pd.DataFrame:
-    """One row per answered question of every run under `results_dir` (the tidy table the figures use)."""
+def load_runs(results_dir: str | Path | list[str | Path]) -> pd.DataFrame:
+    """One row per answered question of every run under `results_dir` (the tidy table the figures use).
+
+    Several folders (e.g. two sessions on one machine) are read as separate runs: each method is compared with
+    the vanilla run of its own folder, never with another folder's (its `comparison_key` names the folder)."""
+    folders = [results_dir] if isinstance(results_dir, (str, Path)) else list(results_dir)
+    if len(folders) > 1:
+        tables = [_load_folder(folder).assign(source=str(folder)) for folder in folders]
+        tables = [t.assign(comparison_key=t.comparison_key + "@" + Path(f).name) if not t.empty else t
+                  for t, f in zip(tables, folders)]
+        return pd.concat(tables, ignore_index=True)
+    return _load_folder(folders[0]).assign(source=str(folders[0]))
+
+
+def _load_folder(results_dir: str | Path) -> pd.DataFrame:
     rows = []
     for manifest_path in sorted(Path(results_dir).glob("**/manifest.json")):
         folder = manifest_path.parent
@@ -203,7 +216,7 @@ def paired_tests(df: pd.DataFrame) -> pd.DataFrame:
     question, then the Wilcoxon signed-rank test and the paired t-test on log tokens/s."""
     rows = []
     ok = df[df.status == "ok"].assign(tps=lambda d: d.new_tokens / d.wall_time)
-    for setting, group in ok.groupby("setting_key"):
+    for (setting, _), group in ok.groupby(["setting_key", "source"], sort=False):  # each folder with its vanilla
         per_question = group.groupby(["method_label", "question_id"]).tps.mean().unstack(0)
         if "vanilla" not in per_question:
             continue
@@ -247,8 +260,11 @@ def to_markdown(summary: pd.DataFrame, lossless: pd.DataFrame, errors: pd.DataFr
                                       in zip(group.speedup, group.speedup_std, group.speedup_ci95)])
             table = cell.pivot(index="method_label", columns="subtask", values="text")
             table = table.reindex(index=methods, columns=subtasks).rename(columns=SUBTASK_TITLES)
+            # vanilla's count can exceed every method's when several folders each bring their own vanilla runs
+            methods_only = group[group.method_label != "vanilla"]
+            repeats = int((methods_only if not methods_only.empty else group).repeats.max())
             lines += [f"**Speedup, {first['model']}, max_new_tokens={first['max_new_tokens']}{_sampling(first)}, "
-                      f"{int(group.repeats.max())} repeats (setting {setting})**", "", table.to_markdown(), ""]
+                      f"{repeats} repeats (setting {setting})**", "", table.to_markdown(), ""]
             if tests is not None and not tests.empty:
                 mine = tests[tests.setting_key == setting]
                 if not mine.empty:
@@ -343,18 +359,21 @@ def build(results_dir: str | Path, out_dir: str | Path) -> tuple[pd.DataFrame, s
 
 def missing_runs(results_dir: str | Path) -> str:
     """The one-line message for a results folder without saved runs, with the command that makes them."""
-    make = "make ablations" if "ablations" in Path(results_dir).parts else "make bench"
-    return f"no saved runs under {results_dir} (run `{make}` first)"
+    folders = [results_dir] if isinstance(results_dir, (str, Path)) else list(results_dir)
+    make = "make ablations" if "ablations" in Path(folders[0]).parts else "make bench"
+    return f"no saved runs under {', '.join(map(str, folders))} (run `{make}` first)"
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--results", default="results/runs", help="folder holding the run folders")
+    parser.add_argument("--results", nargs="+", default=["results/runs"],
+                        help="folder(s) holding the run folders; each folder's methods are compared with its vanilla")
     parser.add_argument("--out", default=None, help="where report.md/.csv go (default: the parent of --results)")
     parser.add_argument("--quiet-if-empty", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    out = args.out or str(Path(args.results).parent)
-    summary, markdown = build(args.results, out)
+    out = args.out or str(Path(args.results[0]).parent)
+    results = args.results if len(args.results) > 1 else args.results[0]
+    summary, markdown = build(results, out)
     if not markdown:  # nothing to report: what is there stays as it is
         if not args.quiet_if_empty:
             print(f"error: {missing_runs(args.results)}; {out}/report.md is left as it is", file=sys.stderr)

@@ -38,16 +38,20 @@ def _remove_old_outputs(out: Path, keep: list[Path]) -> None:
                 path.unlink()
 
 
-def build_all(results_dir: str | Path, out_dir: str | Path, published_csv: str | Path | None = None,
-              motivation: list[str | Path] | None = None, drafts_dir: str | Path | None = DRAFTS_DIR) -> list[Path]:
-    """Write every table and figure from the runs under `results_dir` into `out_dir`; returns the files."""
+def build_all(results_dir: str | Path | list[str | Path], out_dir: str | Path,
+              published_csv: str | Path | None = None, motivation: list[str | Path] | None = None,
+              drafts_dir: str | Path | None = DRAFTS_DIR) -> list[Path]:
+    """Write every table and figure from the runs under `results_dir` (one folder, or several each compared with
+    its own vanilla) into `out_dir`; returns the files."""
     out = Path(out_dir)
     df = report.load_runs(results_dir)
     if df.empty:  # the outputs there (committed ones, on a fresh clone) stay as they are
         raise HarnessError(f"{report.missing_runs(results_dir)}; {out} is left as it is")
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
-    md = ["# Tables and figures", "", f"From the saved runs under `{results_dir}` (evaluation.report's numbers).", ""]
+    folders = [results_dir] if isinstance(results_dir, (str, Path)) else list(results_dir)
+    md = ["# Tables and figures", "", f"From the saved runs under {', '.join(f'`{f}`' for f in folders)} "
+          "(evaluation.report's numbers).", ""]
     captions: list[str] = []
     table = pd.DataFrame()
     if not df.empty:
@@ -149,7 +153,7 @@ def build_all(results_dir: str | Path, out_dir: str | Path, published_csv: str |
         captions.append(f"- `ablations_{setting}.png/.pdf/.csv`: LogitSpec's overall speedup and MAT against "
                         f"each ablated option (others at their defaults); {title}.")
 
-    motivation = list(motivation) if motivation else find_motivation(results_dir)
+    motivation = list(motivation) if motivation else find_motivation(folders[0])
     for path in motivation:
         path = Path(path)
         if not path.is_file():
@@ -172,14 +176,16 @@ def build_all(results_dir: str | Path, out_dir: str | Path, published_csv: str |
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m evaluation.figures",
                                      description="Tables and figures from the saved runs")
-    parser.add_argument("--results", default="results/runs", help="folder holding the run folders")
+    parser.add_argument("--results", nargs="+", default=["results/runs"],
+                        help="folder(s) holding the run folders; each folder's methods are compared with its vanilla")
     parser.add_argument("--out", default="results/figures", help="where the tables and figures go")
     parser.add_argument("--published", default=None, help="Spec-Bench leaderboard CSV (default: shared/reference)")
     parser.add_argument("--motivation", nargs="*", default=None,
                         help="CSV(s) of logitspec.motivation (default: results/motivation/*.csv)")
     args = parser.parse_args(argv)
     try:
-        written = build_all(args.results, args.out, args.published, args.motivation)
+        results = args.results if len(args.results) > 1 else args.results[0]
+        written = build_all(results, args.out, args.published, args.motivation)
     except HarnessError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
