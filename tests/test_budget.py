@@ -128,9 +128,11 @@ def test_cut_nodes_are_judged_at_every_depth_once_the_turn_reveals_them():
     assert (budget.acceptance.tested - before)[:2, 0, 0].tolist() == [2, 1]
 
 
-def _skip_and_resume(draft_seconds: float, losing_steps: int) -> tuple[list[int], float, float]:
-    """Steps of 1 s plus drafting on a budget whose drafts never pay, then drafts nearly always right and free.
-    Returns the steps that drafted while losing, the time spent beyond plain steps, and the last gap seen."""
+def _skip_and_resume(draft_seconds: float, losing_steps: int, committed_when_drafted: int = 1
+                     ) -> tuple[list[int], float, float]:
+    """Steps of 1 s plus drafting on a budget whose drafts are expected never to pay, then drafts nearly always
+    right and free. Returns the steps that drafted while losing, the time spent beyond plain steps per step, and
+    the gap between explorations at the end of the losing phase."""
     budget = DraftBudget(LatencyCurve([1, 2, 64], [1.0, 1.1, 2.0], online=False))
     chain = DraftTree.chain([5, 6, 7])
     budget.acceptance.accepted = 0.05 * budget.acceptance.tested  # drafts are rarely right
@@ -141,7 +143,8 @@ def _skip_and_resume(draft_seconds: float, losing_steps: int) -> tuple[list[int]
             budget.select(chain, 0, draft_seconds)
         spent = draft_seconds if drafted else 0.0
         forward = float(budget.latency(4)) if drafted else 1.0
-        budget.observe([0], drafted, 1, forward + spent, spent, 4 if drafted else 1, forward)
+        committed = committed_when_drafted if drafted else 1
+        budget.observe([0], drafted, committed, forward + spent, spent, 4 if drafted else 1, forward)
         return drafted
 
     assert budget.wants_draft()  # nothing known: draft
@@ -167,6 +170,10 @@ def test_drafting_stops_when_it_does_not_pay_and_resumes_when_it_does():
     # doubling's cap), so drafting resumes soon after it starts to pay.
     explored, overhead, gap = _skip_and_resume(draft_seconds=0.2, losing_steps=3000)
     assert gap == DraftBudget.DOUBLING_CAP and len(explored) > 3000 // (DraftBudget.DOUBLING_CAP + 2)
+    # Dear explorations that commit as many tokens as they cost time (7 in 6 s) cost nothing on balance: their
+    # time does not space them out either (the decision to draft is the expected rate's, not this).
+    explored, overhead, gap = _skip_and_resume(draft_seconds=5.0, losing_steps=3000, committed_when_drafted=7)
+    assert gap == DraftBudget.DOUBLING_CAP
 
 
 def test_latency_curve_interpolates_learns_and_reads_files(tmp_path):

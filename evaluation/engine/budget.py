@@ -348,7 +348,7 @@ class DraftBudget:
         self._skipped = 0
         self._exploring = 0  # drafted steps left in the current exploration
         self._explored = False  # whether this step is one of them
-        self.exploration_excess: float | None = None  # seconds an exploratory step costs beyond a plain step
+        self.exploration_excess: float | None = None  # seconds an exploratory step costs beyond a plain step (mean)
         self._unresolved: list[tuple[int, int, tuple]] = []  # (position, depth, proposal) awaiting later tokens
 
     # ---- whether to draft at all
@@ -389,7 +389,7 @@ class DraftBudget:
 
     def _gap_for_cost(self) -> int:
         """Skipped steps that make one exploration cost `EXPLORE_SHARE` of their time (0 before any exploration)."""
-        if not self.exploration_excess:
+        if self.exploration_excess is None or self.exploration_excess <= 0:
             return 0
         plain_step_seconds = 1.0 / self.plain_rate()
         return math.ceil(self.EXPLORE_STEPS * self.exploration_excess / (self.EXPLORE_SHARE * plain_step_seconds))
@@ -438,7 +438,8 @@ class DraftBudget:
                 draft_seconds: float, forward_tokens: int, forward_seconds: float) -> None:
         """Learn from one finished step: `tokens` is the turn's token list with this step's `committed` tokens."""
         if drafted and self._explored:  # what exploring costs: the step's time beyond plain steps committing as much
-            excess = max(step_seconds - committed / self.plain_rate(), 0.0)
+            # (signed: an exploration that commits several tokens gains time, which offsets one that commits one)
+            excess = step_seconds - committed / self.plain_rate()
             self.exploration_excess = excess if self.exploration_excess is None else (
                 self.exploration_excess + 0.5 * (excess - self.exploration_excess))
         self.plain.fade()
