@@ -52,12 +52,13 @@ def load_runs(results_dir: str | Path | list[str | Path]) -> pd.DataFrame:
     """One row per answered question of every run under `results_dir` (the tidy table the figures use).
 
     Several folders (e.g. two sessions on one machine) are read as separate runs: each method is compared with
-    the vanilla run of its own folder, never with another folder's (its `comparison_key` names the folder)."""
+    the vanilla run of its own folder, never with another folder's (its `comparison_key` gets `@1`, `@2`, ...
+    for the folder's place in the list)."""
     folders = [results_dir] if isinstance(results_dir, (str, Path)) else list(results_dir)
     if len(folders) > 1:
         tables = [_load_folder(folder).assign(source=str(folder)) for folder in folders]
-        tables = [t.assign(comparison_key=t.comparison_key + "@" + Path(f).name) if not t.empty else t
-                  for t, f in zip(tables, folders)]
+        tables = [t.assign(comparison_key=t.comparison_key + f"@{i + 1}") if not t.empty else t  # folder 1, 2, ...
+                  for i, t in enumerate(tables)]
         return pd.concat(tables, ignore_index=True)
     return _load_folder(folders[0]).assign(source=str(folders[0]))
 

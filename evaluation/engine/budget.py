@@ -12,8 +12,9 @@ choices. Before drafting, `wants_draft` also decides whether drafting at all pay
 recent drafted steps, their drafting time included, falls below that of a step that drafts nothing (a method
 whose drafting alone costs more than it brings, such as a weak trained draft on a CPU), the step is vanilla's and
 the method is not asked, with two drafted steps now and then (further apart while drafting keeps losing, and
-far enough apart that they cost at most 1% of the time) to notice when it pays again. Neither changes the greedy output: the bonus token after the last accepted node is the target's own argmax whatever was
-drafted, and with sampling the engine's rule keeps the target's distribution for any draft.
+far enough apart that they cost at most 1% of the time) to notice when it pays again. Neither changes the
+greedy output: the bonus token after the last accepted node is the target's own argmax whatever was drafted, and
+with sampling the engine's rule keeps the target's distribution for any draft.
 
 - Latency: `LatencyCurve`, measured by a short calibration (`calibrate`, a few seconds) and cached on disk under
   the harness cache dir with its key, or replayed from a file (`run.latency_curve=FILE`, e.g. the
