@@ -111,10 +111,13 @@ def summarize_settings(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _title(setting_title: str, summary_rows: pd.DataFrame) -> str:
-    repeats = summary_rows.repeat.nunique() if not summary_rows.empty else 0
+    # repeats per method label: they differ when, e.g., one setting ran 3 rounds and another 1
+    counts = summary_rows.groupby("method_label").repeat.nunique() if not summary_rows.empty else pd.Series([0])
+    low, high = int(counts.min()), int(counts.max())
+    repeats = f"{high} repeat{'s' if high != 1 else ''}" if low == high else f"{low}-{high} repeats"
     questions = summary_rows[(summary_rows.subtask == "overall") & (summary_rows.method == "vanilla")].questions
     n = f", {int(questions.max())} questions" if len(questions) else ""
-    return f"{setting_title}{n}, {repeats} repeat{'s' if repeats != 1 else ''}"
+    return f"{setting_title}{n}, {repeats}"
 
 
 def _save(fig, path_stem: Path) -> list[Path]:
