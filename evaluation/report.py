@@ -335,7 +335,7 @@ def to_markdown(summary: pd.DataFrame, lossless: pd.DataFrame, errors: pd.DataFr
     return "\n".join(lines)
 
 
-def build(results_dir: str | Path, out_dir: str | Path) -> tuple[pd.DataFrame, str]:
+def build(results_dir: str | Path | list[str | Path], out_dir: str | Path) -> tuple[pd.DataFrame, str]:
     df = load_runs(results_dir)
     if df.empty:
         return pd.DataFrame(), ""
@@ -358,7 +358,7 @@ def build(results_dir: str | Path, out_dir: str | Path) -> tuple[pd.DataFrame, s
     return summary, markdown
 
 
-def missing_runs(results_dir: str | Path) -> str:
+def missing_runs(results_dir: str | Path | list[str | Path]) -> str:
     """The one-line message for a results folder without saved runs, with the command that makes them."""
     folders = [results_dir] if isinstance(results_dir, (str, Path)) else list(results_dir)
     make = "make ablations" if "ablations" in Path(folders[0]).parts else "make bench"
@@ -373,8 +373,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quiet-if-empty", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     out = args.out or str(Path(args.results[0]).parent)
-    results = args.results if len(args.results) > 1 else args.results[0]
-    summary, markdown = build(results, out)
+    summary, markdown = build(args.results, out)
     if not markdown:  # nothing to report: what is there stays as it is
         if not args.quiet_if_empty:
             print(f"error: {missing_runs(args.results)}; {out}/report.md is left as it is", file=sys.stderr)

@@ -184,8 +184,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="CSV(s) of logitspec.motivation (default: results/motivation/*.csv)")
     args = parser.parse_args(argv)
     try:
-        results = args.results if len(args.results) > 1 else args.results[0]
-        written = build_all(results, args.out, args.published, args.motivation)
+        written = build_all(args.results, args.out, args.published, args.motivation)
     except HarnessError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
