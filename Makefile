@@ -10,6 +10,10 @@ WARMUP    ?= 1
 # of the way further down the list, so that drift of the machine over a round does not always fall on the same
 # methods (vanilla included); finished repeats are resumed, not redone.
 REPEATS   ?= 3
+# sequential: one method after the other (run.py -m); interleaved: every method answers each question before the
+# next question starts (evaluation/interleave.py), so a machine whose speed drifts over minutes drifts alike for
+# all of them and the per-question paired tests compare like with like.
+SCHEDULE  ?= sequential
 # The draft budget: off (every proposed node is verified, as published) or auto (evaluation/engine/budget.py).
 BUDGET    ?= off
 # Decoding temperature: 0 is greedy (Spec-Bench); above 0 every method samples through the engine's exact rule.
@@ -52,10 +56,15 @@ bench: setup data  ## every method on a Spec-Bench slice, REPEATS times, then th
 	for round in $$(seq 1 $(REPEATS)); do \
 		order=$$(echo $(METHODS) | tr , '\n' | awk -v r=$$round '{m[NR-1] = $$0} END {s = int((r - 1) * NR / 3) % NR; \
 			for (i = 0; i < NR; i++) printf "%s%s", (i ? "," : ""), m[(i + s) % NR]}'); \
-		$(PY) run.py -m model=$(MODEL) method=$$order bench.questions_per_subtask=$(QUESTIONS) \
-			bench.max_new_tokens=$(MAX_NEW) bench.warmup=$(WARMUP) run.repeats=$$round run.draft_budget=$(BUDGET) \
-			bench.temperature=$(TEMPERATURE) \
-			run.report=false || exit 1; \
+		settings="model=$(MODEL) bench.questions_per_subtask=$(QUESTIONS) bench.max_new_tokens=$(MAX_NEW) \
+			bench.warmup=$(WARMUP) bench.temperature=$(TEMPERATURE) run.repeats=$$round \
+			run.draft_budget=$(BUDGET) run.report=false"; \
+		case "$(SCHEDULE)" in \
+			sequential) $(PY) run.py -m method=$$order $$settings || exit 1;; \
+			interleaved) $(PY) -m evaluation.interleave $$(echo $$order | tr , ' ' | sed 's/[^ ]*/method=&/g') \
+				-- $$settings || exit 1;; \
+			*) echo "error: bad value for SCHEDULE: '$(SCHEDULE)' (sequential or interleaved)" >&2; exit 2;; \
+		esac; \
 	done
 	$(PY) -m evaluation.report
 

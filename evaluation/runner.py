@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 import uuid
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 
@@ -157,8 +157,11 @@ def answer_question(lm, method, question, max_new_tokens: int, budget=None, samp
     return choice
 
 
-def run_identity(cfg, lm, options, question_sha: str, repeat: int) -> tuple[dict, dict]:
-    """What makes two runs comparable (`comparison`) and what makes a run itself (`comparison` + method)."""
+def run_identity(cfg, lm, options, question_sha: str, repeat: int, schedule: dict | None = None
+                 ) -> tuple[dict, dict]:
+    """What makes two runs comparable (`comparison`) and what makes a run itself (`comparison` + method).
+    `schedule`: the runs answered in turn with this one, question by question (`evaluation.interleave`); such
+    runs compare only among themselves."""
     comparison = {
         "model": cfg.model.name,
         "model_source": lm.source,
@@ -176,6 +179,8 @@ def run_identity(cfg, lm, options, question_sha: str, repeat: int) -> tuple[dict
     device_map = cfg.model.get("device_map")
     if device_map is not None:  # a model split over GPUs times differently; unsplit runs keep their identity
         comparison["device_map"] = OmegaConf.to_container(device_map) if OmegaConf.is_config(device_map) else device_map
+    if schedule is not None:
+        comparison["schedule"] = schedule
     run = {**comparison, "method": cfg.method.name, "options": asdict(options)}
     if cfg.run.draft_budget != "off" and cfg.method.name != "vanilla":  # off: the identity it always had
         run["draft_budget"] = {"mode": cfg.run.draft_budget, "latency_curve": cfg.run.latency_curve}
@@ -351,13 +356,41 @@ def run_label(cfg, options, uses_budget: bool) -> str:
     return label
 
 
-def run_once(cfg, answerer, options, questions, question_sha: str, repeat: int) -> Path:
-    """One pass over the questions into the folder of this run's identity, resuming what is there.
+@dataclass
+class OpenRun:
+    """A run folder held open for writing (its lock held): the questions still to answer and where they go."""
 
-    `answerer` is `InProcess` or the Ray workers of `evaluation.scale`; either way this process alone writes the
-    folder, one whole answer line at a time, under the folder's lock."""
+    folder: Path
+    label: str
+    todo: list
+    answers: AnswerFile
+    tokens: int = 0
+    seconds: float = 0.0
+    steps: int = 0
+
+    def append(self, record: dict) -> None:
+        """Write one answer line (stamped now) and count it in the live rates."""
+        record["tstamp"] = time.time()
+        self.answers.append(record)
+        if record["status"] == "ok":
+            choice = record["choices"][0]
+            self.tokens += sum(choice["new_tokens"])
+            self.seconds += sum(choice["wall_time"])
+            self.steps += sum(choice["decoding_steps"])
+
+    def rates(self) -> dict:
+        """What the progress bar shows: tokens per second and MAT of the answers written so far."""
+        if not self.steps:
+            return {}
+        return {"tok_s": f"{self.tokens / self.seconds:.1f}", "MAT": f"{self.tokens / self.steps:.2f}"}
+
+
+@contextlib.contextmanager
+def open_run(cfg, answerer, options, questions, question_sha: str, repeat: int, schedule: dict | None = None):
+    """The folder of this run's identity, locked, with its manifest written and the questions it still lacks
+    (none when it was finished earlier: then nothing is written, its provenance stays as it was)."""
     question_file = Path(cfg.bench.question_file)
-    comparison, identity = run_identity(cfg, answerer.model, options, question_sha, repeat)
+    comparison, identity = run_identity(cfg, answerer.model, options, question_sha, repeat, schedule)
     setting = {k: v for k, v in comparison.items() if k != "repeat"}
     uses_budget = cfg.method.name != "vanilla" and cfg.run.draft_budget != "off"
     label = run_label(cfg, options, uses_budget)
@@ -365,11 +398,12 @@ def run_once(cfg, answerer, options, questions, question_sha: str, repeat: int) 
     answers = AnswerFile(folder / ANSWERS)
     manifest_path = folder / "manifest.json"
     done = set()
-    if folder.is_dir():  # finished earlier: nothing to start, its provenance stays as it was written
+    if folder.is_dir():
         with one_writer(folder):
             done = {record["question_id"] for record in answers.read()}
             if manifest_path.exists() and all(q.question_id in done for q in questions):
-                return folder
+                yield OpenRun(folder, label, [], answers)
+                return
     # Ray workers load the model here, no more of them than questions to answer; a failure leaves no folder behind.
     answerer.start(sum(q.question_id not in done for q in questions))
     folder.mkdir(parents=True, exist_ok=True)
@@ -377,7 +411,8 @@ def run_once(cfg, answerer, options, questions, question_sha: str, repeat: int) 
         done = {record["question_id"] for record in answers.read()}
         todo = [q for q in questions if q.question_id not in done]
         if not todo and manifest_path.exists():
-            return folder
+            yield OpenRun(folder, label, [], answers)
+            return
         OmegaConf.save(cfg, folder / "config.yaml", resolve=True)
         now = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         manifest = {
@@ -405,20 +440,23 @@ def run_once(cfg, answerer, options, questions, question_sha: str, repeat: int) 
         manifest_path.write_text(json.dumps(manifest, indent=1))
         if done:
             print(f"Resuming {folder}: {len(done)} answered, {len(todo)} to go", flush=True)
+        yield OpenRun(folder, label, todo, answers)
 
-        answerer.warm_up(cfg, questions[0])
-        tokens = seconds = steps = 0
-        desc = f"{cfg.model.name} {label}" + (f" repeat {repeat + 1}/{cfg.run.repeats}" if cfg.run.repeats > 1 else "")
-        bar = tqdm(total=len(todo), desc=desc, unit="q", disable=not cfg.run.progress)
-        for record in answerer.answers(cfg, todo):
-            record["tstamp"] = time.time()
-            answers.append(record)
-            bar.update(1)
-            if record["status"] == "ok":
-                choice = record["choices"][0]
-                tokens += sum(choice["new_tokens"])
-                seconds += sum(choice["wall_time"])
-                steps += sum(choice["decoding_steps"])
-                bar.set_postfix(tok_s=f"{tokens / seconds:.1f}", MAT=f"{tokens / steps:.2f}")
-        bar.close()
-    return folder
+
+def run_once(cfg, answerer, options, questions, question_sha: str, repeat: int) -> Path:
+    """One pass over the questions into the folder of this run's identity, resuming what is there.
+
+    `answerer` is `InProcess` or the Ray workers of `evaluation.scale`; either way this process alone writes the
+    folder, one whole answer line at a time, under the folder's lock."""
+    with open_run(cfg, answerer, options, questions, question_sha, repeat) as run:
+        if run.todo:
+            answerer.warm_up(cfg, questions[0])
+            desc = f"{cfg.model.name} {run.label}" + (
+                f" repeat {repeat + 1}/{cfg.run.repeats}" if cfg.run.repeats > 1 else "")
+            bar = tqdm(total=len(run.todo), desc=desc, unit="q", disable=not cfg.run.progress)
+            for record in answerer.answers(cfg, run.todo):
+                run.append(record)
+                bar.update(1)
+                bar.set_postfix(**run.rates())
+            bar.close()
+    return run.folder

@@ -182,6 +182,14 @@ def test_latency_curve_interpolates_learns_and_reads_files(tmp_path):
     for _ in range(200):
         curve.observe(4, 0.8)  # this machine turns out twice as slow at k = 4
     assert float(curve(4)) == pytest.approx(0.8, rel=0.05)
+    # A machine 25% slower than at calibration, seen only at the widths a method verifies (4 to 16): the narrow
+    # end, vanilla's one-token step included, slows down with them (most of the way), the shape stays.
+    true = LatencyCurve([1, 4, 16], [0.125, 0.25, 0.5], online=False)
+    curve = LatencyCurve([1, 4, 16], [0.1, 0.2, 0.4])
+    for k in [4, 8, 16] * 150:
+        curve.observe(k, float(true(k)))
+    assert float(curve(1)) == pytest.approx(0.125, rel=0.08) and float(curve(1)) > 0.11
+    assert float(curve(8)) == pytest.approx(float(true(8)), rel=0.02)
     path = tmp_path / "curve.csv"
     pd.DataFrame({"new_tokens": [1, 64], "median_ms": [20.0, 21.0], "model": ["smollm2-135m"] * 2}).to_csv(path)
     replayed = LatencyCurve.read(path, model="smollm2-135m")

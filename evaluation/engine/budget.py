@@ -95,6 +95,7 @@ class LatencyCurve:
     seconds: np.ndarray
     source: str = ""  # where it came from: "calibrated <file>" or "replayed <file>"
     online: bool = True  # correct it from observed forward times (not for a curve replayed from elsewhere)
+    speed: float = 1.0  # how much slower the whole machine runs now than when the curve was measured (online)
 
     def __post_init__(self):
         self.new_tokens = np.asarray(self.new_tokens, dtype=float)
@@ -108,15 +109,22 @@ class LatencyCurve:
         if len(self.new_tokens) > 1:
             slope = (self.seconds[-1] - self.seconds[-2]) / (self.new_tokens[-1] - self.new_tokens[-2])
             t = np.where(k > self.new_tokens[-1], self.seconds[-1] + slope * (k - self.new_tokens[-1]), t)
-        return t
+        return t * self.speed
 
     def observe(self, k: int, seconds: float, weight: float = 0.05) -> None:
-        """Move the measured point nearest to k (in log k) toward what this forward took."""
+        """Move the curve toward what this forward of k new tokens took: first the whole curve (a machine that
+        slows down, a shared VM, a CPU that heats up, slows every width alike, and a method verifies only some
+        widths, so the rest, k = 1 included, would otherwise keep the speed of the calibration), then the measured
+        point nearest to k (in log k) by what is left, the curve's own error at this width."""
         if not self.online or seconds <= 0:
             return
-        i = int(np.argmin(np.abs(self._log_k - np.log2(k))))
-        ratio = seconds / float(self(k))
-        self.seconds[i] *= (1 - weight) + weight * min(max(ratio, 0.25), 4.0)  # one outlier moves it little
+        for part in ("speed", "point"):
+            ratio = min(max(seconds / float(self(k)), 0.25), 4.0)  # one outlier moves it little
+            if part == "speed":
+                self.speed *= (1 - weight) + weight * ratio
+            else:
+                i = int(np.argmin(np.abs(self._log_k - np.log2(k))))
+                self.seconds[i] *= (1 - weight) + weight * ratio
 
     @classmethod
     def from_table(cls, table: pd.DataFrame, source: str, online: bool) -> "LatencyCurve":

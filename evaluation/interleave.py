@@ -1,0 +1,180 @@
+"""Several methods answering the same questions in turn, question by question, in one process.
+
+    python -m evaluation.interleave method=vanilla method=pld "method=logitspec method.draft_tree_capacity=16" \\
+        -- bench.questions_per_subtask=2 bench.max_new_tokens=128 run.draft_budget=auto
+
+Each argument before `--` is one cell (Hydra overrides, quoted when several); those after `--` apply to every cell.
+`run.py -m` runs one method after another, so a machine whose speed drifts over minutes (a shared VM, a CPU that
+heats up) lends each method a different machine, and a method's ratio to vanilla measures the drift as well.
+Here every question is answered by every cell before the next question starts (the order rotating from question
+to question), so each method's answer to a question and vanilla's lie seconds apart, and the per-question ratios
+of the report's paired tests compare like with like.
+
+Each cell writes its own run folder in `run.results_dir`, the format `run.py` writes, and resumes the same way. The
+folders' identity records the schedule and the cells it interleaved, so the report compares each method only with
+the vanilla run that was interleaved with it. Give vanilla as one of the cells: without it nothing has a reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import shlex
+import sys
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
+from tqdm import tqdm
+
+from evaluation import runner
+from evaluation.config import register_configs
+from evaluation.engine import method_class
+from evaluation.errors import HarnessError, OptionError
+from evaluation.models import load_model
+from evaluation.questions import file_sha256
+from evaluation.validation import validate
+
+CONF = Path(__file__).resolve().parent.parent / "conf"
+register_configs()  # the schemas `conf/` is checked against, as run.py registers them
+
+
+def compose_cell(cell: str, common: list[str]):
+    """The config of one cell: the common overrides, then the cell's own."""
+    overrides = [*common, *shlex.split(cell)]
+    try:
+        with initialize_config_dir(version_base="1.3", config_dir=str(CONF)):
+            return compose("config", overrides=overrides)
+    except ConfigCompositionException as exc:
+        from evaluation.validation import option_error_from_hydra
+
+        error = option_error_from_hydra(exc)
+        raise HarnessError(f"cell {cell!r}: {error or ' '.join(str(exc).split())}") from None
+
+
+class Cell:
+    """One method's setting: its config, options, method object and the answerer that runs it."""
+
+    def __init__(self, spec: str, cfg, options):
+        self.spec, self.cfg, self.options = spec, cfg, options
+        uses_budget = cfg.method.name != "vanilla" and cfg.run.draft_budget != "off"
+        self.label = runner.run_label(cfg, options, uses_budget)
+        self.answerer: runner.InProcess | None = None
+
+
+def prepare_cells(specs: list[str], common: list[str]) -> tuple[list[Cell], list, object]:
+    """Every cell's config checked, then the one model loaded and each method built on it; a problem raises
+    `HarnessError` before anything is written."""
+    if not specs:
+        raise HarnessError("no cells: give one or more, e.g. method=vanilla method=pld -- bench.questions_per_subtask=2")
+    cells = []
+    for spec in specs:
+        cfg = compose_cell(spec, common)
+        try:
+            options = validate(cfg)
+        except HarnessError as exc:
+            raise HarnessError(f"cell {spec!r}: {exc}") from None
+        cells.append(Cell(spec, cfg, options))
+    first = cells[0].cfg
+    for cell in cells:
+        if cell.cfg.run.workers is not None:
+            raise HarnessError(f"cell {cell.spec!r}: run.workers runs on Ray, one method at a time; interleaving "
+                               "runs every cell in this process (drop run.workers)")
+        for group in ("model", "bench"):
+            if OmegaConf.to_container(cell.cfg[group]) != OmegaConf.to_container(first[group]):
+                raise HarnessError(f"cell {cell.spec!r}: its {group} options differ from cell {cells[0].spec!r}'s; "
+                                   f"interleaved cells answer the same questions with the same model (put {group} "
+                                   "options after --)")
+        for option in ("device", "seed", "repeats"):
+            if cell.cfg.run[option] != first.run[option]:
+                raise HarnessError(f"cell {cell.spec!r}: run.{option} differs from cell {cells[0].spec!r}'s "
+                                   "(put it after --)")
+    labels = [cell.label for cell in cells]
+    twice = sorted({label for label in labels if labels.count(label) > 1})
+    if twice:
+        raise HarnessError(f"cells given twice: {', '.join(twice)}")
+
+    questions = runner.read_questions(first)
+    lm = load_model(first.model, first.run.device)
+    for cell in cells:
+        runner.check_loaded_model(cell.cfg, lm)
+    runner.check_prompts_fit(lm, questions)
+    for cell in cells:
+        try:
+            method = method_class(cell.cfg.method.name)(cell.options, lm)
+        except OptionError as exc:
+            raise HarnessError(f"cell {cell.spec!r}: {exc.in_group('method')}") from None
+        cell.answerer = runner.InProcess(cell.cfg, lm, method, runner.budget_for(cell.cfg, lm))
+    return cells, questions, lm
+
+
+def rotated(items: list, by: int) -> list:
+    by %= len(items)
+    return items[by:] + items[:by]
+
+
+def interleave(specs: list[str], common: list[str]) -> list[Path]:
+    """Answer every question with every cell in turn, `run.repeats` times; return the run folders."""
+    cells, questions, lm = prepare_cells(specs, common)
+    first = cells[0].cfg
+    question_sha = file_sha256(Path(first.bench.question_file))
+    schedule = {"interleaved": sorted(cell.label for cell in cells)}
+    folders = []
+    for repeat in range(first.run.repeats):
+        with contextlib.ExitStack() as stack:
+            runs = [stack.enter_context(runner.open_run(cell.cfg, cell.answerer, cell.options, questions,
+                                                        question_sha, repeat, schedule)) for cell in cells]
+            todo = [{q.question_id for q in run.todo} for run in runs]
+            for cell, run in zip(cells, runs):
+                if run.todo:
+                    cell.answerer.warm_up(cell.cfg, questions[0])
+            desc = f"{first.model.name} {len(cells)} interleaved" + (
+                f" repeat {repeat + 1}/{first.run.repeats}" if first.run.repeats > 1 else "")
+            bar = tqdm(total=sum(map(len, todo)), desc=desc, unit="answer", disable=not first.run.progress)
+            for number, question in enumerate(questions):
+                # Each cell takes every place in the order in turn, so none always follows the same neighbour.
+                for i in rotated(list(range(len(cells))), number + repeat):
+                    if question.question_id not in todo[i]:
+                        continue
+                    cell = cells[i]
+                    runs[i].append(runner.answer_record(cell.cfg, lm, cell.answerer.method, question,
+                                                        cell.answerer.budget, cell.answerer.sampler))
+                    bar.update(1)
+                    bar.set_postfix(method=cell.label, **runs[i].rates())
+            bar.close()
+        folders += [run.folder for run in runs]
+    return folders
+
+
+def parse(argv: list[str]) -> tuple[list[str], list[str]]:
+    parser = argparse.ArgumentParser(
+        prog="python -m evaluation.interleave", description=__doc__.split("\n\n")[0],
+        usage="%(prog)s CELL [CELL ...] [-- OVERRIDE ...]")
+    parser.add_argument("cells", nargs="*", help="Hydra overrides of one cell, quoted when several")
+    if "--" in argv:
+        split = argv.index("--")
+        cells, common = argv[:split], argv[split + 1:]
+    else:
+        cells, common = argv, []
+    return parser.parse_args(cells).cells, common
+
+
+def main(argv: list[str] | None = None) -> None:
+    specs, common = parse(sys.argv[1:] if argv is None else argv)
+    try:
+        folders = interleave(specs, common)
+        for folder in folders:
+            print(f"Answers: {folder}")
+        cfg = compose_cell(specs[0], common)
+        if cfg.run.report:
+            from evaluation import report
+
+            report.main(["--results", cfg.run.results_dir, "--quiet-if-empty"])
+    except HarnessError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()
