@@ -133,7 +133,7 @@ def interleave(specs: list[str], common: list[str]) -> list[Path]:
                 f" repeat {repeat + 1}/{first.run.repeats}" if first.run.repeats > 1 else "")
             bar = tqdm(total=sum(map(len, todo)), desc=desc, unit="answer", disable=not first.run.progress)
             for number, question in enumerate(questions):
-                # Each cell takes every place in the order in turn, so none always follows the same neighbour.
+                # The order rotates one place a question: each cell goes first in turn, none always goes last.
                 for i in rotated(list(range(len(cells))), number + repeat):
                     if question.question_id not in todo[i]:
                         continue

@@ -88,6 +88,7 @@ def _load_folder(results_dir: str | Path) -> pd.DataFrame:
                 "repeat": manifest["comparison"].get("repeat", 0),
                 "max_new_tokens": manifest["comparison"].get("max_new_tokens"),
                 "temperature": (manifest["comparison"].get("sampling") or {}).get("temperature", 0.0),
+                "interleaved": "schedule" in manifest["comparison"],  # evaluation.interleave: methods in turn
                 "question_id": record["question_id"],
                 "subtask": record.get("subtask") or _subtask(record.get("category", "")),
                 "status": record.get("status", "ok"),
@@ -191,6 +192,7 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
                              "model": runs.model.iloc[0], "method": runs.method.iloc[0],
                              "method_label": label, "subtask": subtask, "max_new_tokens": runs.max_new_tokens.iloc[0],
                              "temperature": runs.temperature.iloc[0],
+                             "interleaved": bool(runs.get("interleaved", pd.Series([False])).iloc[0]),
                              "repeat": runs.repeat.iloc[0], **_stats(sel, ref)})
     return pd.DataFrame(rows)
 
@@ -201,7 +203,7 @@ def across_repeats(summary: pd.DataFrame) -> pd.DataFrame:
     for (setting, label, subtask), group in summary.groupby(["setting_key", "method_label", "subtask"], sort=False):
         row = {"setting_key": setting, "model": group.model.iloc[0], "method_label": label, "subtask": subtask,
                "max_new_tokens": group.max_new_tokens.iloc[0], "temperature": group.temperature.iloc[0],
-               "repeats": len(group)}
+               "interleaved": bool(group.get("interleaved", pd.Series([False])).iloc[0]), "repeats": len(group)}
         for metric in ("speedup", "mat", "tokens_per_s"):
             values = group[metric]
             half = (stats.t.ppf(0.975, len(values) - 1) * values.std(ddof=1) / np.sqrt(len(values))
@@ -235,8 +237,9 @@ def paired_tests(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _sampling(row) -> str:
-    """The heading's note of a sampled setting ("" when greedy)."""
-    return f", temperature {row['temperature']:g}" if row.get("temperature", 0) > 0 else ""
+    """The heading's note of a sampled setting ("" when greedy) and of methods run in turn per question."""
+    note = f", temperature {row['temperature']:g}" if row.get("temperature", 0) > 0 else ""
+    return note + (", interleaved per question" if row.get("interleaved", False) == True else "")  # noqa: E712
 
 
 def _method_order(labels) -> list[str]:

@@ -176,6 +176,36 @@ def test_drafting_stops_when_it_does_not_pay_and_resumes_when_it_does():
     assert gap == DraftBudget.DOUBLING_CAP
 
 
+def test_cheap_drafting_is_never_skipped_the_selection_keeps_nothing_instead():
+    """Drafting that costs 0.1% of a step and loses: skipping would save nothing, so the method drafts every step,
+    the selection keeps nothing, and nodes are kept the step after drafts start to pay (not at an exploration)."""
+    budget = DraftBudget(LatencyCurve([1, 2, 64], [1.0, 1.1, 2.0], online=False))
+    budget.acceptance.accepted = 0.05 * budget.acceptance.tested  # drafts are rarely right
+    chain = DraftTree.chain([5, 6, 7])
+    kept_sizes = []
+    for i in range(400):
+        assert budget.wants_draft()  # every step drafts although drafting does not pay
+        if i == 300:
+            budget.acceptance.accepted = 0.95 * budget.acceptance.tested  # drafts turn out nearly always right
+        kept, _ = budget.select(chain, 0, 0.001)
+        kept_sizes.append(len(kept.tokens))
+        forward = float(budget.latency(1 + len(kept.tokens)))
+        budget.observe([0], True, 1, forward + 0.001, 0.001, 1 + len(kept.tokens), forward)
+    assert budget.gain < 1.0 or kept_sizes[-1] == 3
+    assert set(kept_sizes[:300]) == {0} and set(kept_sizes[300:]) == {3}
+    # The same losing drafts at a fifth of a step are skipped (test above): what decides is what skipping saves.
+    budget = DraftBudget(LatencyCurve([1, 2, 64], [1.0, 1.1, 2.0], online=False))
+    budget.acceptance.accepted = 0.05 * budget.acceptance.tested
+    decisions = []
+    for _ in range(50):
+        drafted = budget.wants_draft()
+        decisions.append(drafted)
+        if drafted:
+            budget.select(chain, 0, 0.2)
+        budget.observe([0], drafted, 1, 1.2 if drafted else 1.0, 0.2 if drafted else 0.0, 1, 1.0)
+    assert not all(decisions[5:])
+
+
 def test_latency_curve_interpolates_learns_and_reads_files(tmp_path):
     curve = LatencyCurve([1, 4], [0.1, 0.4])
     assert float(curve(2)) == pytest.approx(0.2) and float(curve(8)) == pytest.approx(0.8)  # the last slope goes on

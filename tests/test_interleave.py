@@ -10,6 +10,7 @@ import pytest
 
 from evaluation import interleave, report, runner
 from evaluation.errors import HarnessError
+from evaluation.figures.common import with_settings
 from tests.conftest import ROOT
 from tests.test_runner import QUESTIONS, small_config, write_questions
 
@@ -48,6 +49,13 @@ def test_cells_take_turns_per_question_and_compare_only_among_themselves(lm, tmp
     runs = report.load_runs(tmp_path / "runs")
     assert runs.groupby("comparison_key").method.apply(sorted).map(tuple).value_counts().to_dict() == {
         ("pld", "pld", "pld", "vanilla", "vanilla", "vanilla"): 1, ("vanilla", "vanilla", "vanilla"): 1}
+    report.main(["--results", str(tmp_path / "runs"), "--out", str(tmp_path / "report")])
+    headings = [line for line in (tmp_path / "report" / "report.md").read_text().splitlines() if line.startswith("## ")]
+    assert sum("interleaved per question" in heading for heading in headings) == 1  # pld's comparison, not run.py's
+    # The figures draw both in one setting (the same measurement, scheduled differently) and say so.
+    titles = with_settings(runs).groupby("setting").setting_title.unique()
+    assert len(titles) == 1 and list(titles.iloc[0]) == [titles.iloc[0][0]]
+    assert titles.iloc[0][0].endswith(", partly interleaved per question")
 
     # A kill while pld's last answer was being written: the same command redoes that answer only.
     data = (pld / "answers.jsonl").read_bytes()

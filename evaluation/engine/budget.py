@@ -12,7 +12,9 @@ choices. Before drafting, `wants_draft` also decides whether drafting at all pay
 recent drafted steps, their drafting time included, falls below that of a step that drafts nothing (a method
 whose drafting alone costs more than it brings, such as a weak trained draft on a CPU), the step is vanilla's and
 the method is not asked, with two drafted steps now and then (further apart while drafting keeps losing, and
-far enough apart that they cost at most 1% of the time) to notice when it pays again. Neither changes the
+far enough apart that they cost at most 1% of the time) to notice when it pays again. A method whose drafted step
+costs next to nothing beyond a plain one when the selection keeps nothing (under 1% of a step: cheap drafting
+and nothing that cannot be cut) is never skipped: skipping would save nothing and only delay noticing. Neither changes the
 greedy output: the bonus token after the last accepted node is the target's own argmax whatever was drafted, and
 with sampling the engine's rule keeps the target's distribution for any draft.
 
@@ -358,6 +360,9 @@ class DraftBudget:
         self._exploring = 0  # drafted steps left in the current exploration
         self._explored = False  # whether this step is one of them
         self.exploration_excess: float | None = None  # seconds an exploratory step costs beyond a plain step (mean)
+        # What a drafted step costs beyond a plain step even when it keeps nothing (the drafting, side nodes, rows
+        # that cannot be cut): running mean. Skipping saves only this, so a method for which it is tiny always drafts.
+        self.drafting_floor: float | None = None
         self._unresolved: list[tuple[int, int, tuple]] = []  # (position, depth, proposal) awaiting later tokens
 
     # ---- whether to draft at all
@@ -383,7 +388,7 @@ class DraftBudget:
         if self._exploring:
             self._exploring -= 1
             return True
-        if self.gain is None or self.gain >= 1.0:
+        if self.gain is None or self.gain >= 1.0 or not self._skipping_saves():
             self._explore_gap = self._skipped = 0
             return True
         self._skipped += 1
@@ -395,6 +400,21 @@ class DraftBudget:
             self._explored = True
             return True
         return False
+
+    def _skipping_saves(self) -> bool:
+        """Whether a skipped step saves more than `EXPLORE_SHARE` of a plain step. It does not when drafting costs
+        next to nothing (PLD, LogitSpec, SAM): then the method drafts every step and the selection keeps nothing
+        while nothing pays, so it learns from every proposal and keeps nodes as soon as they pay, instead of
+        waiting for the next exploration."""
+        if self.drafting_floor is None:
+            return True
+        return self.drafting_floor > self.EXPLORE_SHARE / self.plain_rate()
+
+    def _note_floor(self, draft_seconds: float, uncut_nodes: int) -> None:
+        """Fold one drafted step's cost beyond a plain step when it keeps only what cannot be cut."""
+        floor = draft_seconds + float(self.latency(1 + uncut_nodes)) - float(self.latency(1))
+        self.drafting_floor = floor if self.drafting_floor is None else (
+            self.drafting_floor + 0.1 * (floor - self.drafting_floor))
 
     def _gap_for_cost(self) -> int:
         """Skipped steps that make one exploration cost `EXPLORE_SHARE` of their time (0 before any exploration)."""
@@ -413,6 +433,7 @@ class DraftBudget:
         side = len(tree.side.tokens) if tree.side is not None else 0  # e.g. Lookahead's window: verified as is
         fixed = draft_seconds + self.other_seconds
         if not tree.tokens:
+            self._note_floor(draft_seconds, side)
             self._note_gain(1.0 / (fixed + float(self.latency(1 + side))))
             return tree, None
 
@@ -426,8 +447,10 @@ class DraftBudget:
         p = self.acceptance.path_probabilities(parents, depths, scores)
         if tree.rows is not None:  # explicit verification rows (Gumiho's FTA) are verified as the method laid them
             # out, never cut; whether drafting them pays is judged on the whole tree
+            self._note_floor(draft_seconds, side + len(p))
             self._note_gain((1.0 + p.sum()) / (fixed + float(self.latency(1 + side + len(p)))))
             return tree, None
+        self._note_floor(draft_seconds, side)
         kept = best_subtree(p, parents, self.latency, side, fixed)
         expected_rate = (1.0 + p[kept - 1].sum()) / (fixed + float(self.latency(1 + side + len(kept))))
         self._note_gain(expected_rate)

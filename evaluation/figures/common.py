@@ -70,17 +70,20 @@ def _manifest_setting(run_dir: str) -> dict | None:
 def with_settings(df: pd.DataFrame) -> pd.DataFrame:
     """`df` plus `setting` (a short id of the comparison block without repeat) and `setting_title`.
 
-    Read from each run's manifest; when a manifest has gone, the run's comparison_key stands in.
+    Read from each run's manifest; when a manifest has gone, the run's comparison_key stands in. Runs that differ
+    only in how they were scheduled (one method after another, or interleaved per question) measure the same
+    thing and share a setting; its title says which were interleaved.
     """
     if "setting" in df.columns:
         return df
-    ids, titles = {}, {}
+    ids, titles, interleaved = {}, {}, {}
     for run_dir, group in df.groupby("run_dir", sort=True):
         first = group.iloc[0]
         comparison = _manifest_setting(run_dir)
         if comparison is None:
             comparison = {"comparison_key": first.comparison_key, "model": first.model,
                           "max_new_tokens": first.max_new_tokens}
+        interleaved[run_dir] = bool(comparison.pop("schedule", None))
         digest = hashlib.sha256(json.dumps(comparison, sort_keys=True, default=str).encode()).hexdigest()[:8]
         ids[run_dir] = f"{first.model}-{digest}"
         per = comparison.get("questions_per_subtask")
@@ -92,6 +95,12 @@ def with_settings(df: pd.DataFrame) -> pd.DataFrame:
         if comparison.get("sampling"):
             parts.append(f"temperature {comparison['sampling']['temperature']:g}")
         titles[run_dir] = ", ".join(parts)
+    for run_dir, setting in ids.items():  # which of the setting's runs were interleaved
+        flags = {interleaved[other] for other, theirs in ids.items() if theirs == setting}
+        if flags == {True}:
+            titles[run_dir] += ", interleaved per question"
+        elif flags == {True, False}:
+            titles[run_dir] += ", partly interleaved per question"
     out = df.copy()
     out["setting"] = out.run_dir.map(ids)
     out["setting_title"] = out.run_dir.map(titles)
