@@ -101,14 +101,28 @@ def test_acceptance_model_learns_and_scores_separate():
     # A node below the committed chunk reveals nothing; a cut node that matches the committed tokens counts.
     before = scored.tested.copy()
     scored.observe(np.array([-1, 0, 1]), np.array([0, 1, 2]), None, np.array([5, 7, 9]), [7])
-    assert (scored.tested - before).sum() == 1
+    assert np.count_nonzero(scored.tested != before) == 1  # one bucket learned (depth 1), none below it
     high, low = (scored.path_probabilities(np.array([-1, 0]), np.array([0, 1]), np.array([s]))[0] for s in (0.9, 0.1))
     assert high > 0.9 and low < 0.1
 
 
+def test_acceptance_follows_a_change_of_question_within_dozens_of_steps():
+    """500 steps where the first child is always right, then 60 where it never is (a new subtask): the fading
+    counts believe the change; counts that never fade would still say 0.9."""
+    parents, depths, tokens = np.array([-1, 0]), np.array([0, 1]), np.array([5, 7])
+    fading, lasting = AcceptanceModel(), AcceptanceModel(memory=1.0)
+    for model in (fading, lasting):
+        for _ in range(500):
+            model.observe(parents, depths, None, tokens, [7])
+        for _ in range(60):
+            model.observe(parents, depths, None, tokens, [8])
+    assert fading.path_probabilities(parents, depths, None)[0] < 0.35
+    assert lasting.path_probabilities(parents, depths, None)[0] > 0.85
+
+
 def test_cut_nodes_are_judged_at_every_depth_once_the_turn_reveals_them():
     """A chain cut to nothing still teaches its deep nodes: they are judged against the tokens committed later."""
-    budget = DraftBudget(STEEP)  # on this curve nothing pays: every proposal is cut
+    budget = DraftBudget(STEEP, AcceptanceModel(memory=1.0))  # on this curve nothing pays: every proposal is cut
     tokens = [1, 2, 3]  # the pending token is 3; the turn goes on 4, 5, 6, one token a step
     kept, _ = budget.select(DraftTree.chain([4, 5, 9]), position=len(tokens))
     assert kept.tokens == []

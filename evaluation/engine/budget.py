@@ -24,7 +24,8 @@ with sampling the engine's rule keeps the target's distribution for any draft.
   kept honest online from the forward times the loop measures anyway; a replayed one is left as given.
 - Acceptance: `AcceptanceModel`, the probability that a node is accepted given that its parent is, from its depth,
   its rank among its siblings and an optional per-node score the method supplies (`DraftTree.scores`, in [0, 1]),
-  learned online as Beta counts per bucket from every proposed node, verified or cut: a node's path is right
+  learned online as Beta counts per bucket (fading, so they follow a change of question or subtask) from every
+  proposed node, verified or cut: a node's path is right
   when it equals the tokens that end up committed after its pending token, known a few steps later (the output
   does not depend on the draft, so a cut node is judged as surely as a verified one, at every depth). A path's
   probability is the product along it.
@@ -203,6 +204,7 @@ class AcceptanceModel:
     max_rank: int = 4
     score_buckets: int = 5  # bucket 0: no score; 1..4: score quartiles in [0, 1]
     prior_strength: float = 2.0
+    memory: float = 0.98  # per observation of a bucket: its counts weigh about the last 1 / (1 - memory) = 50 steps
     accepted: np.ndarray = field(init=False)
     tested: np.ndarray = field(init=False)
 
@@ -263,6 +265,12 @@ class AcceptanceModel:
                 right[i] = tokens[i] == committed[d - 1]
         d, r, s = self.buckets(parents, depths, scores)
         t = tested[1:]
+        # Forget slowly: each bucket a proposal speaks for first fades by `memory`, so a question or subtask where
+        # drafts are right less often (Token Recycling's template after a repetitive answer) is believed within a
+        # few dozen steps, not after as many steps as came before it.
+        touched = np.unique(np.stack([d[t], r[t], s[t]]), axis=1)
+        self.tested[tuple(touched)] *= self.memory
+        self.accepted[tuple(touched)] *= self.memory
         np.add.at(self.tested, (d[t], r[t], s[t]), 1.0)
         hit = t & right[1:]
         np.add.at(self.accepted, (d[hit], r[hit], s[hit]), 1.0)
