@@ -30,8 +30,7 @@ from tqdm import tqdm
 
 from evaluation import runner
 from evaluation.config import register_configs
-from evaluation.engine import method_class
-from evaluation.errors import HarnessError, OptionError
+from evaluation.errors import HarnessError
 from evaluation.models import load_model
 from evaluation.questions import file_sha256
 from evaluation.validation import validate
@@ -102,9 +101,9 @@ def prepare_cells(specs: list[str], common: list[str]) -> tuple[list[Cell], list
     runner.check_prompts_fit(lm, questions)
     for cell in cells:
         try:
-            method = method_class(cell.cfg.method.name)(cell.options, lm)
-        except OptionError as exc:
-            raise HarnessError(f"cell {cell.spec!r}: {exc.in_group('method')}") from None
+            method = runner.build_method(cell.cfg, cell.options, lm)
+        except HarnessError as exc:
+            raise HarnessError(f"cell {cell.spec!r}: {exc}") from None
         cell.answerer = runner.InProcess(cell.cfg, lm, method, runner.budget_for(cell.cfg, lm))
     return cells, questions, lm
 

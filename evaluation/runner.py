@@ -216,17 +216,22 @@ def read_questions(cfg) -> list:
     )
 
 
+def build_method(cfg, options, lm):
+    """The configured method on the loaded model; an option checked against the model (a token id beyond the
+    vocabulary) raises `HarnessError` naming it."""
+    try:
+        return method_class(cfg.method.name)(options, lm)
+    except OptionError as exc:
+        raise exc.in_group("method") from None
+
+
 def build(cfg, options, questions):
     """The model loaded and checked, and the method built on it: what each process that answers needs."""
-    cls = method_class(cfg.method.name)
+    method_class(cfg.method.name)  # an unknown method fails before the model loads
     lm = load_model(cfg.model, cfg.run.device)
     check_loaded_model(cfg, lm)
     check_prompts_fit(lm, questions)
-    try:
-        method = cls(options, lm)
-    except OptionError as exc:  # an option checked against the model (a token id beyond the vocabulary)
-        raise exc.in_group("method") from None
-    return lm, method
+    return lm, build_method(cfg, options, lm)
 
 
 def prepare(cfg):

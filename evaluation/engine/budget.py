@@ -121,13 +121,11 @@ class LatencyCurve:
         point nearest to k (in log k) by what is left, the curve's own error at this width."""
         if not self.online or seconds <= 0:
             return
-        for part in ("speed", "point"):
-            ratio = min(max(seconds / float(self(k)), 0.25), 4.0)  # one outlier moves it little
-            if part == "speed":
-                self.speed *= (1 - weight) + weight * ratio
-            else:
-                i = int(np.argmin(np.abs(self._log_k - np.log2(k))))
-                self.seconds[i] *= (1 - weight) + weight * ratio
+        def step_toward() -> float:  # one outlier moves the curve little
+            return (1 - weight) + weight * min(max(seconds / float(self(k)), 0.25), 4.0)
+
+        self.speed *= step_toward()
+        self.seconds[int(np.argmin(np.abs(self._log_k - np.log2(k))))] *= step_toward()  # measured after the speed
 
     @classmethod
     def from_table(cls, table: pd.DataFrame, source: str, online: bool) -> "LatencyCurve":
