@@ -6,9 +6,12 @@
 Each argument before `--` is one cell (Hydra overrides, quoted when several); those after `--` apply to every cell.
 `run.py -m` runs one method after another, so a machine whose speed drifts over minutes (a shared VM, a CPU that
 heats up) lends each method a different machine, and a method's ratio to vanilla measures the drift as well.
-Here every question is answered by every cell before the next question starts (the order rotating from question
-to question), so each method's answer to a question and vanilla's lie seconds apart, and the per-question ratios
-of the report's paired tests compare like with like.
+Here every question is answered by every cell before the next question starts, so each method's answer to a
+question and vanilla's lie seconds apart, and the per-question ratios of the report's paired tests compare like
+with like. The cells' order is drawn afresh for each question (seeded by `run.seed`, the repeat and the question's
+place, so a rerun and a resumed run keep it): a fixed or rotating order would keep each cell's neighbours, and a
+cell that always runs right after the heaviest one (a CPU still hot, caches full of another method's state) would
+carry that into its ratio.
 
 Each cell writes its own run folder in `run.results_dir`, the format `run.py` writes, and resumes the same way. The
 folders' identity records the schedule and the cells it interleaved, so the report compares each method only with
@@ -22,6 +25,8 @@ import contextlib
 import shlex
 import sys
 from pathlib import Path
+
+import numpy as np
 
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
@@ -108,9 +113,11 @@ def prepare_cells(specs: list[str], common: list[str]) -> tuple[list[Cell], list
     return cells, questions, lm
 
 
-def rotated(items: list, by: int) -> list:
-    by %= len(items)
-    return items[by:] + items[:by]
+def turn_order(cells: int, seed: int, repeat: int, number: int) -> list[int]:
+    """The order in which the cells answer question `number` of repeat `repeat`: a permutation drawn from a
+    generator seeded by all three, so position and neighbours vary from question to question and stay the same
+    when the run is repeated or resumed."""
+    return [int(i) for i in np.random.default_rng([seed, repeat, number]).permutation(cells)]
 
 
 def interleave(specs: list[str], common: list[str]) -> list[Path]:
@@ -132,8 +139,7 @@ def interleave(specs: list[str], common: list[str]) -> list[Path]:
                 f" repeat {repeat + 1}/{first.run.repeats}" if first.run.repeats > 1 else "")
             bar = tqdm(total=sum(map(len, todo)), desc=desc, unit="answer", disable=not first.run.progress)
             for number, question in enumerate(questions):
-                # The order rotates one place a question: each cell goes first in turn, none always goes last.
-                for i in rotated(list(range(len(cells))), number + repeat):
+                for i in turn_order(len(cells), first.run.seed, repeat, number):
                     if question.question_id not in todo[i]:
                         continue
                     cell = cells[i]

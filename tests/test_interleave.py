@@ -34,10 +34,11 @@ def test_cells_take_turns_per_question_and_compare_only_among_themselves(lm, tmp
     for v, p in zip(by_cell["vanilla"], by_cell["pld"]):  # lossless, as in any run
         assert v["choices"][0]["token_ids"] == p["choices"][0]["token_ids"]
 
-    # Written in the order answered: question by question, the cell that goes first rotating.
+    # Written in the order answered: question by question, each question in its own drawn order of the cells.
     written = sorted((a["tstamp"], a["question_id"], cell) for cell, lines in by_cell.items() for a in lines)
+    names = ["vanilla", "pld"]
     assert [(q, cell) for _, q, cell in written] == [
-        (1, "vanilla"), (1, "pld"), (2, "pld"), (2, "vanilla"), (3, "vanilla"), (3, "pld")]
+        (q, names[i]) for number, q in enumerate([1, 2, 3]) for i in interleave.turn_order(2, 0, 0, number)]
 
     manifests = [json.loads((f / "manifest.json").read_text()) for f in (vanilla, pld)]
     assert manifests[0]["comparison"]["schedule"] == {"interleaved": ["pld", "vanilla"]}
@@ -67,6 +68,21 @@ def test_cells_take_turns_per_question_and_compare_only_among_themselves(lm, tmp
     again = answers(pld)
     assert [a["question_id"] for a in again] == [1, 2, 3] and again[:2] == by_cell["pld"][:2]
     assert again[2]["choices"][0]["token_ids"] == by_cell["pld"][2]["choices"][0]["token_ids"]
+
+
+def test_turn_order_varies_neighbours_and_places_and_repeats_itself():
+    # 14 cells over 12 questions, as in the budget's benchmark: no cell always follows the same cell or always
+    # stands in the same place (a rotation keeps every cell's predecessor fixed), and the same seed, repeat and
+    # question give the same order, so a resumed run answers in the order it would have.
+    orders = [interleave.turn_order(14, 0, 0, number) for number in range(12)]
+    assert all(sorted(order) == list(range(14)) for order in orders)
+    for cell in range(14):
+        predecessors = {order[order.index(cell) - 1] if order.index(cell) else None for order in orders}
+        places = {order.index(cell) for order in orders}
+        assert len(predecessors) > 1 and len(places) > 1
+    assert orders == [interleave.turn_order(14, 0, 0, number) for number in range(12)]
+    assert orders != [interleave.turn_order(14, 0, 1, number) for number in range(12)]
+    assert orders != [interleave.turn_order(14, 1, 0, number) for number in range(12)]
 
 
 @pytest.mark.parametrize("cells, extra, message", [
