@@ -22,6 +22,10 @@ from evaluation.validation import MAX_DRAFT_NODES, require_increasing, require_i
 from logitspec.pool import Pool
 
 
+MATCH_SOURCES = 4  # draft-budget sources 1..4: the root's continuation found under an n-gram of 1, 2, 3, 4+ tokens
+CANDIDATE_SOURCE = MATCH_SOURCES + 1  # a next-next candidate; its continuation: this + the match length (capped)
+
+
 @dataclass
 class LogitSpecConfig:
     max_ngram_size: int = 3  # N: longest n-gram in the pool (lookups try N..1)
@@ -97,17 +101,21 @@ class LogitSpec(Method):
         branches: list[list[int]] = []
         used = 0
 
-        # Each node's score (for the draft budget) is the last logits' probability of the token its branch starts
-        # from: the root for the root's continuation, the candidate for a next-next branch.
+        # What the draft budget learns acceptance from (`evaluation.engine.budget`): each node's source, the
+        # retrieval continuation by the length of its n-gram match (a 3-gram match is right far more often than a
+        # 1-gram one) or a next-next branch (its candidate, then the candidate's continuation by match length),
+        # and, for a next-next branch, the last logits' probability of its candidate as the score.
         probs = torch.softmax(state.last_logits.float(), dim=-1)
-        scores: list[float] = []
+        scores: list[float | None] = []
+        sources: list[int] = []
 
         # (1) the root's own continuation; cut to the capacity (upstream never needs to: K < C there).
-        cont = pool.lookup(tokens)
+        cont, matched = pool.match(tokens)
         if cont:
             branches.append(cont[:room_total])
             used = len(branches[0])
-            scores += [float(probs[root])] * used
+            scores += [None] * used
+            sources += [min(matched, MATCH_SOURCES)] * used
 
         # (2) next-next branches from the last logits, best rank first (rank 0, normally the root, is skipped).
         if self._topk and used < room_total:
@@ -119,15 +127,15 @@ class LogitSpec(Method):
                 if t == root:
                     continue
                 limit = lengths[rank]
-                seq = [t] + pool.lookup(tokens, extra=t)[: limit - 1] if limit > 1 else [t]
-                room = room_total - used
-                if len(seq) >= room:
-                    branches.append(seq[:room])
-                    scores += [candidate_probs[rank]] * room
-                    break
+                cont, matched = pool.match(tokens, extra=t) if limit > 1 else ([], 0)
+                seq = [t] + cont[: limit - 1]
+                seq = seq[: room_total - used]
                 branches.append(seq)
                 scores += [candidate_probs[rank]] * len(seq)
+                sources += [CANDIDATE_SOURCE] + [CANDIDATE_SOURCE + min(matched, MATCH_SOURCES)] * (len(seq) - 1)
                 used += len(seq)
+                if used >= room_total:
+                    break
         tree = DraftTree.star_of_chains(branches)
-        tree.scores = scores
+        tree.scores, tree.sources = scores, sources
         return tree

@@ -59,6 +59,10 @@ class Pool:
 
         `extra` appends one token without copying the context (the next-next candidate t in `ctx + [t]`).
         """
+        return self.match(context, extra)[0]
+
+    def match(self, context: list[int], extra: int | None = None) -> tuple[list[int], int]:
+        """`lookup`'s continuation and the length of the n-gram it was found under (0 when none)."""
         if extra is None:
             tail = list(context[-self.n:])
         else:
@@ -66,5 +70,5 @@ class Pool:
         for l in range(min(self.n, len(tail)), 0, -1):
             cont = self.tables[l].get(tuple(tail[-l:]))
             if cont is not None:
-                return cont
-        return []
+                return cont, l
+        return [], 0

@@ -60,6 +60,33 @@ def test_selection_equals_brute_force_over_subtrees(latency):
         assert rate == pytest.approx(brute_force(parents, p, latency, side, fixed), rel=1e-12, abs=0)
 
 
+@pytest.mark.parametrize("latency", [FLAT, CPU, STEEP], ids=["flat", "cpu", "steep"])
+def test_selection_for_the_run_rate_equals_brute_force_over_subtrees(latency):
+    """With the run's rate R, each step keeps the subtree of the most expected tokens less R times its time."""
+    rng = np.random.default_rng(1)
+    for trial in range(150):
+        parents, p = random_tree(rng, int(rng.integers(1, 11)))
+        fixed = float(latency(1)) * rng.uniform(0, 2) if trial % 2 else 0.0
+        run_rate = rng.uniform(0.5, 2.5) / float(latency(1))
+        kept = best_subtree(p, parents, latency, 0, fixed, run_rate)
+        assert all(parents[i] == 0 or parents[i] in kept for i in kept)
+
+        def value(nodes):
+            return 1 + sum(p[i - 1] for i in nodes) - run_rate * (fixed + float(latency(1 + len(nodes))))
+
+        best = max(value([i + 1 for i in range(len(p)) if mask[i]])
+                   for mask in itertools.product([False, True], repeat=len(p))
+                   if all(parents[i + 1] == 0 or mask[parents[i + 1] - 1] for i in range(len(p)) if mask[i]))
+        assert value(kept) == pytest.approx(best, rel=1e-12, abs=1e-12)
+    # Where the two objectives part: a run committing at half a plain step's rate (its other steps draft little)
+    # gains from a step that keeps more than its own best rate would; an unlikely lone node is not worth its time.
+    parents, p = np.array([-1, 0, 1]), np.array([0.9, 0.3])
+    linear = LatencyCurve([1, 2], [1.0, 1.5])  # t = 1, 1.5, 2
+    assert best_subtree(p, parents, linear).tolist() == [1]  # own rate: 1.9 / 1.5 = 1.27 beats 2.2 / 2 = 1.1
+    assert best_subtree(p, parents, linear, run_rate=0.5).tolist() == [1, 2]  # 2.2 - 1 beats 1.9 - 0.75
+    assert best_subtree(np.array([0.3]), np.array([-1, 0]), linear, run_rate=1.0).tolist() == []  # 1.3 - 1.5 < 0
+
+
 def test_hand_made_cases():
     parents = np.array([-1, 0, 1, 0])  # a chain of two below the root, and a second child of the root
     p = np.array([0.9, 0.72, 0.05])
@@ -79,9 +106,10 @@ def test_hand_made_cases():
 
 def test_prune_renumbers_tree_and_side_nodes():
     tree = DraftTree([10, 11, 12, 13], [0, 1, 0, 3], SideNodes([20, 21], [1, 2], [[0, 5], [0, 5, 6]]),
-                     scores=[0.9, 0.8, 0.1, 0.05])
+                     scores=[0.9, 0.8, 0.1, 0.05], sources=[3, 3, 5, 6])
     kept = prune(tree, np.array([1, 2]))
     assert kept.tokens == [10, 11] and kept.parents == [0, 1] and kept.scores == [0.9, 0.8]
+    assert kept.sources == [3, 3]
     assert kept.side.tokens == [20, 21] and kept.side.sees == [[0, 3], [0, 3, 4]]  # side nodes move up by two
 
 
@@ -104,6 +132,26 @@ def test_acceptance_model_learns_and_scores_separate():
     assert np.count_nonzero(scored.tested != before) == 1  # one bucket learned (depth 1), none below it
     high, low = (scored.path_probabilities(np.array([-1, 0]), np.array([0, 1]), np.array([s]))[0] for s in (0.9, 0.1))
     assert high > 0.9 and low < 0.1
+
+
+def test_acceptance_separates_sources_and_nodes_without_a_score():
+    """Two nodes alike in depth, rank and score but drafted by different sources (LogitSpec: a 3-gram match and a
+    1-gram one) learn apart; a node whose score is None shares the no-score bucket, not the lowest scores'."""
+    model = AcceptanceModel(memory=1.0)
+    one = (np.array([-1, 0]), np.array([0, 1]), None, np.array([5, 7]))
+    for _ in range(100):
+        model.observe(*one, [7], np.array([3]))  # source 3: always right
+        model.observe(*one, [8], np.array([1]))  # source 1: never
+    strong, weak = (model.path_probabilities(one[0], one[1], None, np.array([c]))[0] for c in (3, 1))
+    assert strong > 0.95 and weak < 0.05
+    assert model.path_probabilities(one[0], one[1], None)[0] == pytest.approx(0.5)  # source 0 learned nothing
+
+    scored = AcceptanceModel(memory=1.0)
+    for _ in range(100):
+        scored.observe(one[0], one[1], np.array([0.05]), one[3], [8])  # a low score: never right
+        scored.observe(one[0], one[1], np.array([np.nan]), one[3], [7])  # no score: always right
+    unscored = scored.path_probabilities(one[0], one[1], np.asarray([None], dtype=float))[0]
+    assert unscored > 0.95 and scored.path_probabilities(one[0], one[1], np.array([0.05]))[0] < 0.05
 
 
 def test_acceptance_follows_a_change_of_question_within_dozens_of_steps():
@@ -134,12 +182,12 @@ def test_cut_nodes_are_judged_at_every_depth_once_the_turn_reveals_them():
     tokens.append(6)
     budget.observe(tokens, True, 1, 1.0, 0.0, 1, 1.0)
     tested, accepted = budget.acceptance.tested - before, budget.acceptance.accepted
-    assert tested[:3, 0, 0].tolist() == [1, 1, 1]  # depths 1-3 judged: 4 and 5 right, 9 wrong
-    assert (accepted - AcceptanceModel().accepted)[:3, 0, 0].tolist() == [1, 1, 0]
+    assert tested[:3, 0, 0, 0].tolist() == [1, 1, 1]  # depths 1-3 judged: 4 and 5 right, 9 wrong
+    assert (accepted - AcceptanceModel().accepted)[:3, 0, 0, 0].tolist() == [1, 1, 0]
     budget.select(DraftTree.chain([7, 8]), position=len(tokens))
     tokens.append(7)
     budget.end_turn(tokens)  # the turn ends after one more token: depth 1 is judged, depth 2 stays unknown
-    assert (budget.acceptance.tested - before)[:2, 0, 0].tolist() == [2, 1]
+    assert (budget.acceptance.tested - before)[:2, 0, 0, 0].tolist() == [2, 1]
 
 
 def _skip_and_resume(draft_seconds: float, losing_steps: int, committed_when_drafted: int = 1
@@ -300,8 +348,11 @@ def test_every_method_is_lossless_when_drafting_is_skipped(lm, assert_lossless, 
     results = assert_lossless(cls(cls.Config(), lm), names=("q81-turn2", "q321"), budget=SkipEvery())
     proposed = [n for r in results.values() for n in r.proposed_nodes]
     assert proposed.count(0) >= len(proposed) // 2  # the skipped steps proposed nothing
-    if name in ("pld", "logitspec", "gumiho"):  # and the drafted ones still get drafts accepted
-        assert sum(len(r.new_ids) for r in results.values()) > 1.1 * sum(r.steps for r in results.values())
+    if name in ("pld", "logitspec", "gumiho"):  # and the verified drafts are still right often (a method out of
+        # step after skipped steps drafts from the wrong place, and its drafts are next to never accepted)
+        accepted = sum(len(r.new_ids) - r.steps for r in results.values())
+        verified = sum(sum(r.verified_nodes) for r in results.values())
+        assert verified > 20 and accepted > 0.15 * verified
 
 
 def test_runner_records_proposed_and_verified_nodes(lm, tmp_path):

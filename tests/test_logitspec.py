@@ -148,6 +148,11 @@ def test_draft_custom_schedule_and_next_next_trigram():
     method.reset(prompt)
     tree = method.draft(_state([ROOT, 50, 9], prompt + [ROOT]))
     assert _branches(tree)[:3] == [[50, 77], [50, 77], [9]]  # root branch; rank 1: 2 tokens; rank 2: 1 token
+    # What the draft budget learns from: the root branch's source is its match length (the bigram (2, ROOT)), a
+    # candidate is source 5 and its continuation 5 + its match length (the trigram); scores are the candidates'
+    # probabilities, none for the root branch.
+    assert tree.sources[:5] == [2, 2, 5, 8, 5]
+    assert tree.scores[:2] == [None, None] and tree.scores[2] == tree.scores[3] > tree.scores[4] > 0
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -1,14 +1,18 @@
 """The draft budget: each step keeps only the part of a method's tree that is expected to pay on this machine.
 
 With `run.draft_budget=auto` the loop hands every proposed tree to `DraftBudget.select`, which keeps the subtree
-(a node only with its parent) that maximises the expected committed tokens per second,
+(a node only with its parent) that maximises the run's expected committed tokens per second: each step keeps what
+maximises
 
-    (1 + sum of the kept nodes' acceptance probabilities) / (c + t(1 + kept nodes + side nodes)),
+    (1 + sum of the kept nodes' acceptance probabilities) - R * (c + t(1 + kept nodes + side nodes)),
 
-where t(k) is the target's forward time for k new tokens on this model, device, dtype and thread count, c the
-rest of the step (this step's drafting, then tree layout, verification, cache and method updates, learned online),
-and a node's acceptance probability is the chance that its whole path is accepted. Keeping nothing is one of the
-choices. Before drafting, `wants_draft` also decides whether drafting at all pays: when the expected rate of the
+its expected tokens less what its time would commit at R, the rate the run is expected to commit at (recent
+steps), where t(k) is the target's forward time for k new tokens on this model, device, dtype and thread count, c
+the rest of the step (this step's drafting, then tree layout, verification, cache and method updates, learned
+online), and a node's acceptance probability is the chance that its whole path is accepted. Keeping nothing is
+one of the choices. (Maximising each step's own rate, (1 + sum p) / (c + t(...)), is the same choice when R is
+that step's best rate, but a run's rate is its total tokens over its total time: a step with likely drafts should
+keep more, one with unlikely drafts less.) Before drafting, `wants_draft` also decides whether drafting at all pays: when the expected rate of the
 recent drafted steps, their drafting time included, falls below that of a step that drafts nothing (a method
 whose drafting alone costs more than it brings, such as a weak trained draft on a CPU), the step is vanilla's and
 the method is not asked, with two drafted steps now and then (further apart while drafting keeps losing, and
@@ -23,8 +27,9 @@ with sampling the engine's rule keeps the target's distribution for any draft.
   `forward_latency.csv` that `python -m evaluation.bench_engine` writes on another machine). A measured curve is
   kept honest online from the forward times the loop measures anyway; a replayed one is left as given.
 - Acceptance: `AcceptanceModel`, the probability that a node is accepted given that its parent is, from its depth,
-  its rank among its siblings and an optional per-node score the method supplies (`DraftTree.scores`, in [0, 1]),
-  learned online as Beta counts per bucket (fading, so they follow a change of question or subtask) from every
+  its rank among its siblings and what the method may say about the node: a score (`DraftTree.scores`, in [0, 1],
+  e.g. a logit candidate's probability) and a source (`DraftTree.sources`, a small integer naming what drafted it,
+  e.g. LogitSpec's retrieval continuation by its n-gram match length), learned online as Beta counts per bucket (fading, so they follow a change of question or subtask) from every
   proposed node, verified or cut: a node's path is right
   when it equals the tokens that end up committed after its pending token, known a few steps later (the output
   does not depend on the draft, so a cut node is judged as surely as a verified one, at every depth). A path's
@@ -194,27 +199,30 @@ def calibrate(lm, cache_dir: Path, repeats: int = 3, context_tokens: int = 256) 
 
 @dataclass
 class AcceptanceModel:
-    """P(node accepted | parent accepted) per (depth, sibling rank, score) bucket, as Beta(accepted, rejected)
-    counts; the prior says a first child at depth 1 is accepted half the time, less for later siblings and
-    deeper nodes, and weighs as `prior_strength` observations."""
+    """P(node accepted | parent accepted) per (depth, sibling rank, score, source) bucket, as Beta(accepted,
+    rejected) counts; the prior says a first child at depth 1 is accepted half the time, less for later siblings
+    and deeper nodes, whatever its score and source, and weighs as `prior_strength` observations."""
 
     max_depth: int = 8
     max_rank: int = 4
     score_buckets: int = 5  # bucket 0: no score; 1..4: score quartiles in [0, 1]
+    max_sources: int = 12  # sources 0..max_sources-1 (larger ones share the last); 0 when the method names none
     prior_strength: float = 2.0
     memory: float = 0.98  # per observation of a bucket: its counts weigh about the last 1 / (1 - memory) = 50 steps
     accepted: np.ndarray = field(init=False)
     tested: np.ndarray = field(init=False)
 
     def __post_init__(self):
-        depth = np.arange(1, self.max_depth + 1)[:, None, None]
-        rank = np.arange(self.max_rank)[None, :, None]
-        prior = 0.5 * 0.8 ** (depth - 1) / (1 + rank) * np.ones((1, 1, self.score_buckets))
+        depth = np.arange(1, self.max_depth + 1)[:, None, None, None]
+        rank = np.arange(self.max_rank)[None, :, None, None]
+        prior = 0.5 * 0.8 ** (depth - 1) / (1 + rank) * np.ones((1, 1, self.score_buckets, self.max_sources))
         self.accepted = prior * self.prior_strength
         self.tested = np.full_like(self.accepted, self.prior_strength)
 
-    def buckets(self, parents: np.ndarray, depths: np.ndarray, scores: np.ndarray | None) -> tuple:
-        """Bucket indices of draft nodes 1..T-1 (node 0, the pending token, has none)."""
+    def buckets(self, parents: np.ndarray, depths: np.ndarray, scores: np.ndarray | None,
+                sources: np.ndarray | None = None) -> tuple:
+        """Bucket indices of draft nodes 1..T-1 (node 0, the pending token, has none); a score that is NaN (a node
+        the method gives no score) falls in bucket 0 as when there are no scores."""
         n = len(parents)
         ranks = np.zeros(n, dtype=np.int64)
         children = np.zeros(n, dtype=np.int64)
@@ -226,21 +234,24 @@ class AcceptanceModel:
         if scores is None:
             s = np.zeros(n - 1, dtype=np.int64)
         else:
-            s = 1 + np.minimum((np.clip(scores, 0.0, 1.0) * (self.score_buckets - 1)).astype(np.int64),
-                               self.score_buckets - 2)
-        return d, r, s
+            scored = ~np.isnan(scores)
+            s = np.where(scored, 1 + np.minimum((np.clip(np.nan_to_num(scores), 0.0, 1.0) * (self.score_buckets - 1))
+                                                .astype(np.int64), self.score_buckets - 2), 0)
+        c = np.zeros(n - 1, dtype=np.int64) if sources is None else np.clip(sources, 0, self.max_sources - 1)
+        return d, r, s, c
 
-    def path_probabilities(self, parents: np.ndarray, depths: np.ndarray, scores: np.ndarray | None) -> np.ndarray:
+    def path_probabilities(self, parents: np.ndarray, depths: np.ndarray, scores: np.ndarray | None,
+                           sources: np.ndarray | None = None) -> np.ndarray:
         """P(the path to node i is accepted) for draft nodes 1..T-1: products of the conditional estimates."""
-        d, r, s = self.buckets(parents, depths, scores)
-        conditional = self.accepted[d, r, s] / self.tested[d, r, s]
+        bucket = self.buckets(parents, depths, scores, sources)
+        conditional = self.accepted[bucket] / self.tested[bucket]
         p = np.ones(len(parents))
         for i in range(1, len(parents)):  # parents precede children
             p[i] = p[parents[i]] * conditional[i - 1]
         return p[1:]
 
     def observe(self, parents: np.ndarray, depths: np.ndarray, scores: np.ndarray | None, tokens: np.ndarray,
-                committed: list[int]) -> None:
+                committed: list[int], sources: np.ndarray | None = None) -> None:
         """Count, for every proposed node whose outcome `committed` reveals, whether its path was right.
 
         `committed` is what the turn went on with after the proposal's pending token. Greedy output does not
@@ -261,26 +272,33 @@ class AcceptanceModel:
             if right[parents[i]] and d <= len(committed):
                 tested[i] = True
                 right[i] = tokens[i] == committed[d - 1]
-        d, r, s = self.buckets(parents, depths, scores)
+        bucket = self.buckets(parents, depths, scores, sources)
         t = tested[1:]
         # Forget slowly: each bucket a proposal speaks for first fades by `memory`, so a question or subtask where
         # drafts are right less often (Token Recycling's template after a repetitive answer) is believed within a
         # few dozen steps, not after as many steps as came before it.
-        touched = np.unique(np.stack([d[t], r[t], s[t]]), axis=1)
-        self.tested[tuple(touched)] *= self.memory
-        self.accepted[tuple(touched)] *= self.memory
-        np.add.at(self.tested, (d[t], r[t], s[t]), 1.0)
+        touched = tuple(np.unique(np.stack([index[t] for index in bucket]), axis=1))
+        self.tested[touched] *= self.memory
+        self.accepted[touched] *= self.memory
+        np.add.at(self.tested, tuple(index[t] for index in bucket), 1.0)
         hit = t & right[1:]
-        np.add.at(self.accepted, (d[hit], r[hit], s[hit]), 1.0)
+        np.add.at(self.accepted, tuple(index[hit] for index in bucket), 1.0)
 
 
 # ---------------------------------------------------------------- selection
 
 
 def best_subtree(probabilities: np.ndarray, parents: np.ndarray, latency, side_nodes: int = 0,
-                 fixed_seconds: float = 0.0) -> np.ndarray:
+                 fixed_seconds: float = 0.0, run_rate: float | None = None) -> np.ndarray:
     """Draft nodes (1-based tree indices, increasing) of the subtree that maximises expected committed tokens per
     second, (1 + sum p) / (fixed_seconds + t(1 + n + side_nodes)); empty when keeping nothing is best.
+
+    With `run_rate` (tokens per second the run commits), the subtree that maximises the run's rate instead: a
+    run's rate is its total tokens over its total time, not the mean of its steps' rates, and a step adds to it
+    most when it maximises expected tokens minus the time it takes at the run's rate,
+    (1 + sum p) - run_rate * (fixed_seconds + t(1 + n + side_nodes)) (Dinkelbach: at the best rate both agree).
+    So a step whose drafts are likely keeps more than its own best rate would, and one whose drafts are not keeps
+    less, instead of every step aiming at the same rate.
 
     `probabilities[i-1]` is the path probability of draft node i and never exceeds its parent's, so the best
     subtree of n nodes holds the n most probable nodes; ties go to the earlier node, which keeps parents first.
@@ -290,8 +308,9 @@ def best_subtree(probabilities: np.ndarray, parents: np.ndarray, latency, side_n
         return np.zeros(0, dtype=np.int64)
     order = np.argsort(-probabilities, kind="stable")
     expected = 1.0 + np.concatenate([[0.0], np.cumsum(probabilities[order])])
-    rate = expected / (fixed_seconds + latency(1 + side_nodes + np.arange(n + 1)))
-    best = int(np.argmax(rate))  # the first maximum: the smallest tree among equals
+    seconds = fixed_seconds + latency(1 + side_nodes + np.arange(n + 1))
+    value = expected / seconds if run_rate is None else expected - run_rate * seconds
+    best = int(np.argmax(value))  # the first maximum: the smallest tree among equals
     kept = np.sort(order[:best]) + 1
     keep = np.zeros(n + 1, dtype=bool)
     keep[kept] = True
@@ -310,6 +329,7 @@ def prune(tree: DraftTree, kept: np.ndarray) -> DraftTree:
     tokens = [tree.tokens[i - 1] for i in kept]
     parents = [int(new_index[tree.parents[i - 1]]) for i in kept]
     scores = [tree.scores[i - 1] for i in kept] if tree.scores is not None else None
+    sources = [tree.sources[i - 1] for i in kept] if tree.sources is not None else None
     side = None
     if tree.side is not None:
         shift = old_size - (1 + len(kept))
@@ -319,7 +339,7 @@ def prune(tree: DraftTree, kept: np.ndarray) -> DraftTree:
 
         sees = [[r for r in map(renumber, seen) if r is not None] for seen in tree.side.sees]
         side = SideNodes(list(tree.side.tokens), list(tree.side.offsets), sees)
-    return DraftTree(tokens=tokens, parents=parents, side=side, scores=scores)
+    return DraftTree(tokens=tokens, parents=parents, side=side, scores=scores, sources=sources)
 
 
 @dataclass
@@ -359,6 +379,7 @@ class DraftBudget:
         self.latency = latency
         self.acceptance = acceptance or AcceptanceModel()
         self.plain = RateMeter()  # steps that did not draft (vanilla's step), measured
+        self.expected = RateMeter(decay=0.99)  # every step's expected tokens and seconds: the run's rate, expected
         self.gain: float | None = None  # running mean of drafted steps' expected rate over the plain step's
         self.other_seconds = 0.0  # the part of a step that is neither drafting nor the forward (running mean)
         self._explore_gap = 0  # while drafting does not pay, explore once every this many steps
@@ -369,7 +390,8 @@ class DraftBudget:
         # What a drafted step costs beyond a plain step even when it keeps nothing (the drafting, side nodes, rows
         # that cannot be cut): running mean. Skipping saves only this, so a method for which it is tiny always drafts.
         self.drafting_floor: float | None = None
-        self._unresolved: list[tuple[int, int, tuple]] = []  # (position, depth, proposal) awaiting later tokens
+        # (position, depth, proposal, sources) awaiting later tokens
+        self._unresolved: list[tuple[int, int, tuple, np.ndarray | None]] = []
 
     # ---- whether to draft at all
 
@@ -440,33 +462,41 @@ class DraftBudget:
         fixed = draft_seconds + self.other_seconds
         if not tree.tokens:
             self._note_floor(draft_seconds, side)
-            self._note_gain(1.0 / (fixed + float(self.latency(1 + side))))
+            self._note_expected(1.0, fixed + float(self.latency(1 + side)))
             return tree, None
 
         parents = np.asarray([-1] + list(tree.parents), dtype=np.int64)
         depths = np.zeros(len(parents), dtype=np.int64)
         for i in range(1, len(parents)):
             depths[i] = depths[parents[i]] + 1
-        scores = np.asarray(tree.scores, dtype=float) if tree.scores is not None else None
+        scores = np.asarray(tree.scores, dtype=float) if tree.scores is not None else None  # None -> NaN: no score
+        sources = np.asarray(tree.sources, dtype=np.int64) if tree.sources is not None else None
         proposal = (parents, depths, scores, np.asarray([-1] + list(tree.tokens), dtype=np.int64))
-        self._unresolved.append((position, int(depths.max()), proposal))
-        p = self.acceptance.path_probabilities(parents, depths, scores)
+        self._unresolved.append((position, int(depths.max()), proposal, sources))
+        p = self.acceptance.path_probabilities(parents, depths, scores, sources)
         if tree.rows is not None:  # explicit verification rows (Gumiho's FTA) are verified as the method laid them
             # out, never cut; whether drafting them pays is judged on the whole tree
             self._note_floor(draft_seconds, side + len(p))
-            self._note_gain((1.0 + p.sum()) / (fixed + float(self.latency(1 + side + len(p)))))
+            self._note_expected(1.0 + p.sum(), fixed + float(self.latency(1 + side + len(p))))
             return tree, None
         self._note_floor(draft_seconds, side)
-        kept = best_subtree(p, parents, self.latency, side, fixed)
-        expected_rate = (1.0 + p[kept - 1].sum()) / (fixed + float(self.latency(1 + side + len(kept))))
-        self._note_gain(expected_rate)
+        kept = best_subtree(p, parents, self.latency, side, fixed, self.run_rate())
+        self._note_expected(1.0 + p[kept - 1].sum(), fixed + float(self.latency(1 + side + len(kept))))
         if len(kept) == len(tree.tokens):
             return tree, None
         return prune(tree, kept), np.concatenate([[0], kept])
 
-    def _note_gain(self, expected_rate: float) -> None:
-        """Fold one drafted step's expected rate, relative to a plain step's, into the running mean."""
-        gain = expected_rate / self.plain_rate()
+    def run_rate(self) -> float:
+        """The rate the run is expected to commit at (recent steps, fading), a plain step's before any is known.
+        Expected rather than realised, like the gain: the selection weighs expected tokens against it."""
+        rate = self.expected.rate
+        return rate if rate is not None and self.expected.seconds > 5 * float(self.latency(1)) else self.plain_rate()
+
+    def _note_expected(self, tokens: float, seconds: float) -> None:
+        """One drafted step's expected tokens and seconds: into the run's rate, and its rate relative to a plain
+        step's into the running mean of the gain."""
+        self.expected.add(tokens, seconds)
+        gain = tokens / seconds / self.plain_rate()
         weight = 0.5 if self._explored else 0.1  # an exploration speaks for the many steps skipped before it
         self.gain = gain if self.gain is None else self.gain + weight * (gain - self.gain)
 
@@ -481,8 +511,10 @@ class DraftBudget:
             self.exploration_excess = excess if self.exploration_excess is None else (
                 self.exploration_excess + 0.5 * (excess - self.exploration_excess))
         self.plain.fade()
+        self.expected.fade()
         if not drafted:
             self.plain.add(committed, step_seconds)
+            self.expected.add(1.0, 1.0 / self.plain_rate())
         other = max(step_seconds - draft_seconds - forward_seconds, 0.0)
         self.other_seconds += 0.05 * (other - self.other_seconds) if self.other_seconds else other
         self.latency.observe(forward_tokens, forward_seconds)
@@ -495,11 +527,11 @@ class DraftBudget:
     def _resolve(self, tokens: list[int], final: bool) -> None:
         """Count the proposals whose every node can now be judged (all of them at the end of a turn)."""
         waiting = []
-        for position, depth, proposal in self._unresolved:
+        for position, depth, proposal, sources in self._unresolved:
             if final or position + depth <= len(tokens):
-                self.acceptance.observe(*proposal, tokens[position:position + depth])
+                self.acceptance.observe(*proposal, tokens[position:position + depth], sources)
             else:
-                waiting.append((position, depth, proposal))
+                waiting.append((position, depth, proposal, sources))
         self._unresolved = waiting
 
 

@@ -37,9 +37,12 @@ class DraftTree:
     tokens: list[int] = field(default_factory=list)
     parents: list[int] = field(default_factory=list)
     side: SideNodes | None = None
-    # Optional per-node confidence in [0, 1] (e.g. the logit candidate's probability): the draft budget
-    # (`evaluation.engine.budget`) learns acceptance per score bucket when a method supplies it.
-    scores: list[float] | None = None
+    # Optional per-node confidence in [0, 1] (e.g. the logit candidate's probability; None for a node without
+    # one): the draft budget (`evaluation.engine.budget`) learns acceptance per score bucket when a method gives it.
+    scores: list[float | None] | None = None
+    # Optional per-node source, a small integer >= 0 the method defines (what drafted the node and how strong its
+    # evidence was, e.g. LogitSpec's retrieval continuation by n-gram match length): the budget learns per source.
+    sources: list[int] | None = None
     # Verification rows of node indices, node 0 first, that need not be parent chains (Gumiho's Full Tree
     # Attention pads short paths with nodes of other branches). None: every root-to-leaf path, as usual.
     rows: list[list[int]] | None = None
