@@ -12,14 +12,15 @@ the rest of the step (this step's drafting, then tree layout, verification, cach
 online), and a node's acceptance probability is the chance that its whole path is accepted. Keeping nothing is
 one of the choices. (Maximising each step's own rate, (1 + sum p) / (c + t(...)), is the same choice when R is
 that step's best rate, but a run's rate is its total tokens over its total time: a step with likely drafts should
-keep more, one with unlikely drafts less.) Before drafting, `wants_draft` also decides whether drafting at all pays: when the expected rate of the
-recent drafted steps, their drafting time included, falls below that of a step that drafts nothing (a method
+keep more, one with unlikely drafts less.) Before drafting, `wants_draft` also decides whether drafting at all
+pays: when the expected rate of the recent drafted steps, their drafting time included, falls below that of a
+step that drafts nothing (a method
 whose drafting alone costs more than it brings, such as a weak trained draft on a CPU), the step is vanilla's and
 the method is not asked, with two drafted steps now and then (further apart while drafting keeps losing, and
 far enough apart that they cost at most 1% of the time) to notice when it pays again. A method whose drafted step
 costs next to nothing beyond a plain one when the selection keeps nothing (under 1% of a step: cheap drafting
-and nothing that cannot be cut) is never skipped: skipping would save nothing and only delay noticing. Neither changes the
-greedy output: the bonus token after the last accepted node is the target's own argmax whatever was drafted, and
+and nothing that cannot be cut) is never skipped: skipping would save nothing and only delay noticing. Neither
+changes the greedy output: the bonus token after the last accepted node is the target's own argmax whatever was drafted, and
 with sampling the engine's rule keeps the target's distribution for any draft.
 
 - Latency: `LatencyCurve`, measured by a short calibration (`calibrate`, a few seconds) and cached on disk under
@@ -29,9 +30,9 @@ with sampling the engine's rule keeps the target's distribution for any draft.
 - Acceptance: `AcceptanceModel`, the probability that a node is accepted given that its parent is, from its depth,
   its rank among its siblings and what the method may say about the node: a score (`DraftTree.scores`, in [0, 1],
   e.g. a logit candidate's probability) and a source (`DraftTree.sources`, a small integer naming what drafted it,
-  e.g. LogitSpec's retrieval continuation by its n-gram match length), learned online as Beta counts per bucket (fading, so they follow a change of question or subtask) from every
-  proposed node, verified or cut: a node's path is right
-  when it equals the tokens that end up committed after its pending token, known a few steps later (the output
+  e.g. LogitSpec's retrieval continuation by its n-gram match length), learned online as Beta counts per bucket
+  (fading, so they follow a change of question or subtask) from every proposed node, verified or cut: a node's
+  path is right when it equals the tokens that end up committed after its pending token, known a few steps later (the output
   does not depend on the draft, so a cut node is judged as surely as a verified one, at every depth). A path's
   probability is the product along it.
 - Selection: a child's path probability never exceeds its parent's, so the best subtree of n nodes is the n most
