@@ -20,8 +20,8 @@ the method is not asked, with two drafted steps now and then (further apart whil
 far enough apart that they cost at most 1% of the time) to notice when it pays again. A method whose drafted step
 costs next to nothing beyond a plain one when the selection keeps nothing (under 1% of a step: cheap drafting
 and nothing that cannot be cut) is never skipped: skipping would save nothing and only delay noticing. Neither
-changes the greedy output: the bonus token after the last accepted node is the target's own argmax whatever was drafted, and
-with sampling the engine's rule keeps the target's distribution for any draft.
+changes the greedy output: the bonus token after the last accepted node is the target's own argmax whatever was
+drafted, and with sampling the engine's rule keeps the target's distribution for any draft.
 
 - Latency: `LatencyCurve`, measured by a short calibration (`calibrate`, a few seconds) and cached on disk under
   the harness cache dir with its key, or replayed from a file (`run.latency_curve=FILE`, e.g. the
@@ -32,8 +32,8 @@ with sampling the engine's rule keeps the target's distribution for any draft.
   e.g. a logit candidate's probability) and a source (`DraftTree.sources`, a small integer naming what drafted it,
   e.g. LogitSpec's retrieval continuation by its n-gram match length), learned online as Beta counts per bucket
   (fading, so they follow a change of question or subtask) from every proposed node, verified or cut: a node's
-  path is right when it equals the tokens that end up committed after its pending token, known a few steps later (the output
-  does not depend on the draft, so a cut node is judged as surely as a verified one, at every depth). A path's
+  path is right when it equals the tokens that end up committed after its pending token, known a few steps later (the
+  output does not depend on the draft, so a cut node is judged as surely as a verified one, at every depth). A path's
   probability is the product along it.
 - Selection: a child's path probability never exceeds its parent's, so the best subtree of n nodes is the n most
   probable nodes (ties broken by layout order, which puts parents first); one sort and a scan over n finds the
