@@ -19,6 +19,8 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
+from evaluation.engine.kv_cache import cache_argument
+
 SERIAL_LAYERS = 2
 RESIDUAL_BLOCKS = 5
 
@@ -124,7 +126,7 @@ class GumihoDraft(nn.Module):
         """The two decoder layers on fc outputs `x` [B, Q, H]; `attention_mask` is additive [B, 1, Q, K]."""
         position_embeddings = self.rotary(x, position_ids)
         for layer in self.layers:
-            x = layer(x, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
+            x = layer(x, attention_mask=attention_mask, position_ids=position_ids, **cache_argument(layer, cache),
                       position_embeddings=position_embeddings)
         return x
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from evaluation.engine import DraftTree, Method, decode_turn
-from evaluation.engine.kv_cache import cache_for
+from evaluation.engine.kv_cache import cache_argument, cache_for
 from evaluation.engine.loop import cut_chunk
 from evaluation.engine.tree import build_tree_inputs, verify_greedy
 from tests.conftest import LOSSLESS_TOKENS, ONE_PER_SUBTASK
@@ -25,7 +25,7 @@ def prefill(lm, ids: list[int], extra: int):
     inputs = build_tree_inputs(ids[0], DraftTree.chain(ids[1:]), 0, lm.dtype, lm.device)
     with torch.inference_mode():
         lm.model(input_ids=inputs.input_ids, position_ids=inputs.position_ids,
-                 attention_mask=inputs.attention_mask, cache=cache, use_cache=True)
+                 attention_mask=inputs.attention_mask, **cache_argument(lm.model, cache), use_cache=True)
     return cache
 
 
@@ -44,7 +44,7 @@ def test_tree_logits_equal_causal_runs_and_commit_equals_recompute(lm, lossless_
     inputs = build_tree_inputs(pending, tree, cache.length, lm.dtype, lm.device)
     with torch.inference_mode():
         logits = lm.model(input_ids=inputs.input_ids, position_ids=inputs.position_ids,
-                          attention_mask=inputs.attention_mask, cache=cache, use_cache=True).logits[0]
+                          attention_mask=inputs.attention_mask, **cache_argument(lm.model, cache), use_cache=True).logits[0]
     tokens = [pending] + tree.tokens
     parents = [-1] + tree.parents
 
@@ -67,7 +67,7 @@ def test_tree_logits_equal_causal_runs_and_commit_equals_recompute(lm, lossless_
     step = build_tree_inputs(next_token, DraftTree(), cache.length, lm.dtype, lm.device)
     with torch.inference_mode():
         after = lm.model(input_ids=step.input_ids, position_ids=step.position_ids,
-                         attention_mask=step.attention_mask, cache=cache, use_cache=True).logits[0, -1]
+                         attention_mask=step.attention_mask, **cache_argument(lm.model, cache), use_cache=True).logits[0, -1]
     torch.testing.assert_close(after, causal_logits(lm, past + [tokens[i] for i in path] + [next_token]),
                                atol=2e-4, rtol=1e-4)
 

@@ -54,7 +54,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from evaluation.engine.kv_cache import cache_for
+from evaluation.engine.kv_cache import cache_argument, cache_for
 from evaluation.engine.tree import DraftTree, SideNodes, build_tree_inputs
 from evaluation.errors import HarnessError
 
@@ -73,7 +73,7 @@ def forward_latency(lm, context: list[int], widths, repeats: int, warmups: int =
     with torch.inference_mode():
         prefill = build_tree_inputs(context[0], DraftTree.chain(context[1:]), 0, lm.dtype, lm.device)
         lm.model(input_ids=prefill.input_ids, position_ids=prefill.position_ids,
-                 attention_mask=prefill.attention_mask, cache=cache, use_cache=True)
+                 attention_mask=prefill.attention_mask, **cache_argument(lm.model, cache), use_cache=True)
         base = cache.length
         for k in widths:
             chain = [context[i % len(context)] for i in range(k - 1)]
@@ -84,7 +84,8 @@ def forward_latency(lm, context: list[int], widths, repeats: int, warmups: int =
                 sync()
                 t0 = time.perf_counter()
                 lm.model(input_ids=inputs.input_ids, position_ids=inputs.position_ids,
-                         attention_mask=inputs.attention_mask, cache=cache, use_cache=True)
+                         attention_mask=inputs.attention_mask, **cache_argument(lm.model, cache),
+                         use_cache=True)
                 sync()
                 if i >= warmups:
                     times.append(time.perf_counter() - t0)

@@ -8,9 +8,16 @@ commit moves the accepted rows down to the end of the prefix and the next forwar
 A model split over several GPUs (`model.device_map`) computes each layer's keys and values on that layer's device;
 each layer's buffers are allocated where its first keys arrive, so they sit on that layer's device, and a commit
 sends the accepted row indices once to each device.
+
+This file is the one place that follows transformers' cache interface across the supported releases
+(`evaluation.versions`): `Cache`/`CacheLayerMixin` keep the same abstract methods from 5.17 to 5.24, and the only
+difference the engine meets is the keyword a model or decoder layer takes its cache by (`cache_argument`).
 """
 
 from __future__ import annotations
+
+import functools
+import inspect
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
@@ -116,3 +123,18 @@ class PositionalKVCache(Cache):
 
 def cache_for(model, capacity: int) -> PositionalKVCache:
     return PositionalKVCache(model.config.num_hidden_layers, capacity)
+
+
+@functools.lru_cache(maxsize=None)
+def _cache_keyword(module_type: type) -> str:
+    parameters = inspect.signature(module_type.forward).parameters  # follows the deprecation wrapper's __wrapped__
+    return "cache" if "cache" in parameters else "past_key_values"
+
+
+def cache_argument(module: torch.nn.Module, cache) -> dict:
+    """`{keyword: cache}` for a call of a transformers model or decoder layer.
+
+    Newer releases (5.24) take the cache as `cache=` and still accept `past_key_values=` with a deprecation warning
+    (removal announced for 5.40); older ones (5.17) take only `past_key_values=` and silently ignore `cache=`, which
+    runs every forward without the cache. The keyword is read from the module's own signature, once per class."""
+    return {_cache_keyword(type(module)): cache}

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from evaluation.engine.budget import DraftBudget
-from evaluation.engine.kv_cache import cache_for
+from evaluation.engine.kv_cache import cache_argument, cache_for
 from evaluation.engine.method import DecodeState, Method, StepOutcome
 from evaluation.engine.sampling import Sampler, verify_sampled
 from evaluation.engine.timing import LapClock
@@ -56,7 +56,7 @@ def _forward(model, input_ids, position_ids, attention_mask, cache, logits_to_ke
         input_ids=input_ids,
         position_ids=position_ids,
         attention_mask=attention_mask,
-        cache=cache,
+        **cache_argument(model, cache),
         use_cache=True,
         logits_to_keep=logits_to_keep,
         output_hidden_states=hidden,
