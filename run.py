@@ -8,11 +8,15 @@ A bad option ends the command with one line on stderr and exit status 2, before 
 import os
 import sys
 
-import hydra
-from hydra.errors import ConfigCompositionException
+from evaluation.versions import require_supported_environment
 
-from evaluation.config import register_configs
-from evaluation.errors import HarnessError
+require_supported_environment()  # one line per missing package or unsupported version, before anything is imported
+
+import hydra  # noqa: E402
+from hydra.errors import ConfigCompositionException  # noqa: E402
+
+from evaluation.config import register_configs  # noqa: E402
+from evaluation.errors import HarnessError  # noqa: E402
 
 register_configs()
 

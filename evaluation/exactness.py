@@ -230,4 +230,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    from evaluation.versions import require_supported_environment
+
+    require_supported_environment()
     main()

@@ -98,6 +98,14 @@ def convert_embedded(cache_dir: Path) -> Path:
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     model.eval()
+    # transformers 5.17 reads the GGUF's end-of-sequence token as <|im_start|> (id 1) while the GGUF's generation
+    # config, and transformers 5.24, say <|im_end|> (id 2): the tokenizer follows the generation config, so the
+    # stop tokens are the same whichever release converted the model.
+    eos = getattr(model.generation_config, "eos_token_id", None)
+    if isinstance(eos, int) and tokenizer.eos_token_id != eos:
+        tokenizer.eos_token = tokenizer.convert_ids_to_tokens(eos)
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token
     # The GGUF weights are already dequantised to float32; only the quantizer marker blocks save_pretrained.
     model.hf_quantizer = None
     model.is_quantized = False

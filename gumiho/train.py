@@ -410,4 +410,7 @@ def main(cfg) -> None:
 
 
 if __name__ == "__main__":
+    from evaluation.versions import require_supported_environment
+
+    require_supported_environment()
     main()
