@@ -87,6 +87,7 @@ def first_differences(lm, runs_dir: Path, questions: dict) -> pd.DataFrame:
     """For every answer whose ids differ from vanilla's (same comparison), the first differing position and the
     top-2 logit margin there: a plain causal forward of `lm` over the prompt of that turn (asked after vanilla's
     own earlier answers, which both share) plus vanilla's tokens before the position."""
+    from evaluation.half_precision import token_margins
     from evaluation.report import first_difference
     from evaluation.templates import build_prompt_ids
 
@@ -116,14 +117,7 @@ def first_differences(lm, runs_dir: Path, questions: dict) -> pd.DataFrame:
                     question = questions[qid]
                     history = list(zip(question.turns[:turn], reference["turns"][:turn]))
                     ids = build_prompt_ids(lm.tokenizer, lm.chat_template, history, question.turns[turn])
-                    with torch.inference_mode():
-                        logits = lm.model(input_ids=torch.tensor([ids + theirs[:position]], device=lm.device)
-                                          ).logits[0, -1].float()
-                    top = torch.topk(logits, 2)
-                    row.update(vanilla_token=theirs[position], method_token=ours[position],
-                               top2_margin=float(top.values[0] - top.values[1]),
-                               method_token_gap=float(top.values[0] - logits[ours[position]]),
-                               causal_argmax_is_vanilla=int(top.indices[0]) == theirs[position])
+                    row.update(token_margins(lm, ids + theirs[:position], theirs[position], ours[position]))
                 rows.append(row)
     return pd.DataFrame(rows, columns=DIFFERENCE_COLUMNS)
 
@@ -237,4 +231,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    from evaluation.versions import require_supported_environment
+
+    require_supported_environment()
     main()
