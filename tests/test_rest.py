@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -154,8 +156,12 @@ def test_budget_rules_and_tie_break(word_store):
 
 @pytest.fixture(scope="module")
 def sharegpt_store(tmp_path_factory):
+    """A datastore of the first 300 ShareGPT conversations; `.ci/offline-check`, whose environment has neither the
+    corpus nor the suffix-array package, names the offline bundle's prebuilt one instead."""
     from tests.conftest import _embedded_model
 
+    if os.environ.get("SPECDEC_TEST_REST_DATASTORE"):
+        return Path(os.environ["SPECDEC_TEST_REST_DATASTORE"])
     return build_datastore(_embedded_model().tokenizer, max_conversations=300,
                            out_dir=tmp_path_factory.mktemp("rest") / "ds", progress=False)
 
