@@ -209,3 +209,34 @@ def test_budget_is_never_exceeded(lm, lossless_prompts, vanilla_reference):
     for budget in (1, 2, 7):
         result = decode_turn(lm, OracleDrafter(expected, len(prompt), depth=5), prompt, budget)
         assert result.new_ids == expected[:budget]
+
+
+def test_the_cache_goes_by_the_keyword_the_forward_declares(lm):
+    """transformers 5.17 takes `past_key_values=` and silently drops `cache=` (every forward would run without the
+    cache); 5.24 takes `cache=`. A deprecation wrapper (functools.wraps) must not hide the real signature."""
+    import functools
+
+    class Old(torch.nn.Module):
+        def forward(self, input_ids, past_key_values=None, **kwargs):
+            return past_key_values
+
+    class New(torch.nn.Module):
+        def forward(self, input_ids, cache=None, **kwargs):
+            return cache
+
+    def renamed(forward):
+        @functools.wraps(forward)
+        def wrapper(self, *args, **kwargs):
+            return forward(self, *args, **kwargs)
+        return wrapper
+
+    class Wrapped(torch.nn.Module):
+        forward = renamed(New.forward)
+
+    marker = object()
+    for module, keyword in ((Old(), "past_key_values"), (New(), "cache"), (Wrapped(), "cache")):
+        assert cache_argument(module, marker) == {keyword: marker}
+        assert module(None, **cache_argument(module, marker)) is marker
+    # The real model: a forward with the cache fills it (a dropped keyword would leave it empty).
+    cache = prefill(lm, [1, 2, 3, 4], 1)
+    assert cache.length == 4
