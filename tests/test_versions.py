@@ -71,8 +71,8 @@ def test_missing_packages_are_named_with_the_command_that_installs_them(capsys):
 
 def test_make_setup_with_an_interpreter_of_ones_own_creates_nothing(tmp_path):
     """`make setup PY=...` checks that interpreter instead of building .venv (dry run: what make would run)."""
-    plan = subprocess.run(["make", "-n", "--no-print-directory", "setup", f"PY={sys.executable}"], cwd=ROOT, capture_output=True, text=True,
-                          check=True).stdout
+    plan = subprocess.run(["make", "-n", "--no-print-directory", "setup", f"PY={sys.executable}"], cwd=ROOT,
+                          capture_output=True, text=True, check=True).stdout
     assert plan.strip() == f"{sys.executable} -m evaluation.versions"
     done = subprocess.run(["make", "--no-print-directory", "setup", f"PY={sys.executable}"], cwd=ROOT,
                           capture_output=True, text=True)
