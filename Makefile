@@ -6,37 +6,35 @@
 VENV_PY := .venv/bin/python
 PY      ?= $(VENV_PY)
 MODEL   ?= smollm2-135m
-# The default benchmark slice (about 13 minutes a repeat on 2 CPU cores); `make bench QUESTIONS=null MAX_NEW=1024 WARMUP=3`
-# is the full Spec-Bench run.
+# The default benchmark slice: one question per subtask, 128 new tokens, every method once, interleaved (about
+# 15 minutes on 2 CPU cores). `make bench REPEATS=3` is the statistical run; `make bench QUESTIONS=null MAX_NEW=1024
+# WARMUP=3` the full Spec-Bench run.
 QUESTIONS ?= 1
 MAX_NEW   ?= 128
 WARMUP    ?= 1
-# Whole-run repeats, run in rounds (every method once, then every method again), each round starting a third
-# of the way further down the list, so that drift of the machine over a round does not always fall on the same
-# methods (vanilla included); finished repeats are resumed, not redone.
-REPEATS   ?= 3
-# sequential: one method after the other (run.py -m); interleaved: every method answers each question before the
-# next question starts (evaluation/interleave.py), so a machine whose speed drifts over minutes drifts alike for
-# all of them and the per-question paired tests compare like with like.
-SCHEDULE  ?= sequential
-# The draft budget: off (every proposed node is verified, as published) or auto (evaluation/engine/budget.py).
+REPEATS   ?= 1
+# interleaved: every method answers each question before the next question starts, in one process with one loaded
+# model and one progress bar (evaluation/run/interleave.py), so a machine whose speed drifts over minutes drifts
+# alike for all methods and the per-question paired tests compare like with like. sequential: one method after the
+# other (run.py -m), in rounds when REPEATS > 1, each round starting a third of the way further down the list.
+SCHEDULE  ?= interleaved
+# The draft budget: off (every proposed node is verified, as published) or auto (evaluation/engine/budget/).
 BUDGET    ?= off
 # More Hydra overrides for every run, e.g. ARGS="model.path=/models/vicuna-7b-v1.3 run.device=cuda".
 ARGS      ?=
 # Decoding temperature: 0 is greedy (Spec-Bench); above 0 every method samples through the engine's exact rule.
 TEMPERATURE ?= 0
-# Every method config in conf/method, vanilla first (each is compared with vanilla). Trained-draft methods
-# (gumiho*, eagle2) join once a draft for MODEL is committed under gumiho/drafts/MODEL.
-TRAINED   := $(if $(wildcard gumiho/drafts/$(MODEL)/config.json),,| grep -v -e '^gumiho' -e '^eagle2')
-METHODS ?= vanilla,$(shell ls conf/method | sed -n 's/\.yaml$$//p' | grep -vx vanilla $(TRAINED) | paste -sd, -)
+# The method configs to run, comma-separated; empty: every config in conf/method, vanilla first, the trained-draft
+# ones once a draft for MODEL is committed (`python -m evaluation.catalog bench-settings MODEL`).
+METHODS   ?=
 
 .PHONY: help setup setup-gpu check-environment setup-cluster data datastore test bench report figures ablations exactness \
-	bench-engine gpu-check offline-bundle offline-check half-precision clean
+	bench-engine gpu-check offline-bundle offline-check half-precision results-page clean
 
-help:  ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+help:  ## [instant] list the targets, with their duration on 2 CPU cores
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
 
-setup: $(if $(filter $(VENV_PY),$(PY)),.venv/.installed,check-environment)  ## create .venv with the pinned dependencies (with PY=...: only check that interpreter)
+setup: $(if $(filter $(VENV_PY),$(PY)),.venv/.installed,check-environment)  ## [~3 min, once] create .venv with the pinned dependencies (PY=...: only check that interpreter)
 
 .venv/.installed: requirements.txt requirements-nodeps.txt
 	python3 -m venv .venv
@@ -44,14 +42,14 @@ setup: $(if $(filter $(VENV_PY),$(PY)),.venv/.installed,check-environment)  ## c
 	$(VENV_PY) -m pip install --quiet --no-deps -r requirements-nodeps.txt
 	touch $@
 
-check-environment:  ## name what PY lacks (one line per package, with its install command) and check versions
+check-environment:  ## [seconds] name what PY lacks (one line per package, with its install command), check versions
 	$(PY) -m evaluation.versions
 
 # A GPU machine with a network: PyPI's torch 2.13.0 for Linux x86_64 is the CUDA 13 build (its CUDA libraries come
 # as nvidia-* wheels; the driver must support CUDA 13). For an older driver, take the CUDA 12 build from PyTorch's
 # own index: make setup-gpu TORCH_INDEX=https://download.pytorch.org/whl/cu126
 TORCH_INDEX ?=
-setup-gpu:  ## create .venv with the CUDA build of the pinned torch, then the other pins
+setup-gpu:  ## [download-bound] create .venv with the CUDA build of the pinned torch, then the other pins
 	python3 -m venv .venv
 	$(VENV_PY) -m pip install --quiet $(shell grep -m1 '^torch==' requirements.txt) \
 		$(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
@@ -60,61 +58,62 @@ setup-gpu:  ## create .venv with the CUDA build of the pinned torch, then the ot
 	$(VENV_PY) -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda)"
 	touch .venv/.installed
 
-setup-cluster: .venv/.cluster-installed  ## add Ray and submitit (run.workers, hydra/launcher=slurm or ray_cluster)
+setup-cluster: .venv/.cluster-installed  ## [~1 min] add Ray and submitit (run.workers, hydra/launcher=slurm or ray_cluster)
 
 .venv/.cluster-installed: .venv/.installed requirements-cluster.txt requirements-cluster-nodeps.txt
 	$(PY) -m pip install --quiet -r requirements-cluster.txt -c requirements.txt
 	$(PY) -m pip install --quiet --no-deps -r requirements-cluster-nodeps.txt
 	touch $@
 
-data: setup  ## put the question sets under data/ (checked by sha256)
-	$(PY) -m evaluation.data
+data: setup  ## [seconds] put the question sets under data/ (checked by sha256)
+	$(PY) -m evaluation.tools.data
 
-datastore: setup  ## build REST's ShareGPT datastore for MODEL's tokenizer (cached; about 3 minutes)
-	$(PY) -m baselines.rest_datastore --model $(MODEL)
+datastore: setup  ## [~3 min, cached] build REST's ShareGPT datastore for MODEL's tokenizer
+	$(PY) -m evaluation.tools.datastore --model $(MODEL)
 
-test: setup data  ## run the test suite (CPU, real embedded model)
+test: setup data  ## [~20 min] the test suite (CPU, real embedded model)
 	$(PY) -m pytest
 
-bench: setup data  ## every method on a Spec-Bench slice, REPEATS times, then the report
-	for round in $$(seq 1 $(REPEATS)); do \
-		order=$$(echo $(METHODS) | tr , '\n' | awk -v r=$$round '{m[NR-1] = $$0} END {s = int((r - 1) * NR / 3) % NR; \
-			for (i = 0; i < NR; i++) printf "%s%s", (i ? "," : ""), m[(i + s) % NR]}'); \
-		settings="model=$(MODEL) bench.questions_per_subtask=$(QUESTIONS) bench.max_new_tokens=$(MAX_NEW) \
-			bench.warmup=$(WARMUP) bench.temperature=$(TEMPERATURE) run.repeats=$$round \
-			run.draft_budget=$(BUDGET) run.report=false $(ARGS)"; \
-		case "$(SCHEDULE)" in \
-			sequential) $(PY) run.py -m method=$$order $$settings || exit 1;; \
-			interleaved) $(PY) -m evaluation.interleave $$(echo $$order | tr , ' ' | sed 's/[^ ]*/method=&/g') \
-				-- $$settings || exit 1;; \
-			*) echo "error: bad value for SCHEDULE: '$(SCHEDULE)' (sequential or interleaved)" >&2; exit 2;; \
-		esac; \
-	done
+bench: setup data  ## [~15 min] every method on a Spec-Bench slice (REPEATS=3: the statistical run), then the report
+	@methods="$(METHODS)"; [ -n "$$methods" ] || methods=$$($(PY) -m evaluation.catalog bench-settings $(MODEL)) || exit 2; \
+	settings="model=$(MODEL) bench.questions_per_subtask=$(QUESTIONS) bench.max_new_tokens=$(MAX_NEW) \
+		bench.warmup=$(WARMUP) bench.temperature=$(TEMPERATURE) run.draft_budget=$(BUDGET) run.report=false $(ARGS)"; \
+	case "$(SCHEDULE)" in \
+		interleaved) echo "$(PY) -m evaluation.run.interleave ... -- $$settings run.repeats=$(REPEATS)"; \
+			$(PY) -m evaluation.run.interleave $$(echo $$methods | tr , ' ' | sed 's/[^ ]*/method=&/g') \
+				-- $$settings run.repeats=$(REPEATS) || exit 1;; \
+		sequential) for round in $$(seq 1 $(REPEATS)); do \
+				order=$$(echo $$methods | tr , '\n' | awk -v r=$$round '{m[NR-1] = $$0} END {s = int((r - 1) * NR / 3) % NR; \
+					for (i = 0; i < NR; i++) printf "%s%s", (i ? "," : ""), m[(i + s) % NR]}'); \
+				$(PY) run.py -m method=$$order $$settings run.repeats=$$round || exit 1; \
+			done;; \
+		*) echo "error: bad value for SCHEDULE: '$(SCHEDULE)' (interleaved or sequential)" >&2; exit 2;; \
+	esac
 	$(PY) -m evaluation.report
 
-report: setup  ## rebuild results/report.md and .csv from the saved runs
+report: setup  ## [seconds] rebuild results/report.md and .csv from the saved runs
 	$(PY) -m evaluation.report
 
-figures: setup  ## Table 1, the published Spec-Bench table and the figures (results/figures) from the saved runs
-	$(PY) -m evaluation.figures
+figures: setup  ## [<1 min] Table 1, the published Spec-Bench table and the figures (results/figures)
+	$(PY) -m evaluation.report.figures
 
 ABLATIONS := $(sort $(basename $(notdir $(wildcard conf/experiment/ablation_*.yaml))))
-ablations: setup data  ## LogitSpec ablation sweeps (conf/experiment/ablation_*.yaml) into results/ablations
+ablations: setup data  ## [~45 min] LogitSpec ablation sweeps (conf/experiment/ablation_*.yaml) into results/ablations
 	$(PY) run.py experiment=ablation_baseline
 	for sweep in $(filter-out ablation_baseline,$(ABLATIONS)); do $(PY) run.py experiment=$$sweep || exit 1; done
 	$(PY) -m evaluation.report --results results/ablations/runs --out results/ablations
-	$(PY) -m evaluation.figures --results results/ablations/runs --out results/ablations/figures
+	$(PY) -m evaluation.report.figures --results results/ablations/runs --out results/ablations/figures
 
-exactness: setup  ## the goodness-of-fit check of every method's sampled output (results/sampling/exactness.csv)
-	$(PY) -m evaluation.exactness
+exactness: setup  ## [~3 min] goodness-of-fit of every method's sampled output (results/sampling/exactness.csv)
+	$(PY) -m evaluation.tools.exactness
 
-bench-engine: setup  ## forward latency against new tokens, and our vanilla loop against generate()
-	$(PY) -m evaluation.bench_engine
+bench-engine: setup  ## [~5 min] forward latency against new tokens, and our vanilla loop against generate()
+	$(PY) -m evaluation.tools.bench_engine
 
 # A machine with a GPU: the lossless tests on CUDA in float32, a float16 benchmark slice with its match rate and the
 # logit margins where outputs first differ, and the engine's latency curve, into results/gpu/<gpu name>/.
-gpu-check: setup  ## the CUDA checks, for a machine with a GPU (sized for well under 10 minutes on one H200)
-	$(PY) -m evaluation.gpu_check
+gpu-check: setup  ## [GPU only; <10 min on one H200, estimated] the CUDA checks into results/gpu/<gpu name>/
+	$(PY) -m evaluation.tools.gpu_check
 
 # Everything an offline GPU node lacks, in one folder to copy there (README, "GPU machines and offline nodes"):
 # wheels for BUNDLE_PYTHON, the question sets, the embedded model in parts of at most PART_MB, REST's datastore for
@@ -122,21 +121,25 @@ gpu-check: setup  ## the CUDA checks, for a machine with a GPU (sized for well u
 BUNDLE        ?= dist/offline-bundle
 BUNDLE_PYTHON ?= 3.12
 PART_MB       ?= 60
-offline-bundle: setup data  ## the folder to copy to an offline node: wheels, data, model, REST datastore, install.sh
-	$(PY) -m evaluation.offline_bundle --out $(BUNDLE) --python-version $(BUNDLE_PYTHON) --part-mb $(PART_MB)
+offline-bundle: setup data  ## [~5 min] the folder to copy to an offline node: wheels, data, model, REST datastore
+	$(PY) -m evaluation.tools.offline_bundle --out $(BUNDLE) --python-version $(BUNDLE_PYTHON) --part-mb $(PART_MB)
 
-offline-check:  ## CI's check of an offline node: a fresh venv with torch + transformers 5.17 + the bundle only
+offline-check:  ## [~10 min] CI's offline-node check: a fresh venv, transformers 5.17 and the bundle only
 	bash .ci/offline-check
 
-half-precision: setup data  ## every method in bfloat16 on the CPU against bfloat16 vanilla (results/engine)
-	$(PY) -m evaluation.half_precision
+half-precision: setup data  ## [~5 min] every method in bfloat16 on the CPU against bfloat16 vanilla (results/engine)
+	$(PY) -m evaluation.tools.half_precision
 
-clean:  ## remove scratch results (never the saved runs)
+results-page:  ## [seconds] refresh the tables docs/results.md copies from results/ (--check: only compare)
+	$(PY) -m evaluation.tools.results_page
+
+clean:  ## [instant] remove scratch results (never the saved runs)
 	rm -rf results/scratch .pytest_cache
 
 # The draft for MODEL (conf/train/<MODEL>.yaml when present, else conf/train/default.yaml); a rerun resumes.
 # Budget and options: make train-gumiho TRAIN_ARGS="train.max_minutes=120"
+TRAIN_ARGS ?=
 TRAIN_RECIPE = $(if $(wildcard conf/train/$(MODEL).yaml),$(MODEL),default)
 .PHONY: train-gumiho
-train-gumiho: setup data  ## train a Gumiho draft for MODEL into gumiho/drafts/MODEL (resumable)
-	$(PY) -m gumiho.train model=$(MODEL) train=$(TRAIN_RECIPE) $(TRAIN_ARGS)
+train-gumiho: setup data  ## [train.max_minutes: 120 for smollm2-135m] train a Gumiho draft for MODEL (resumable)
+	$(PY) -m evaluation.tools.train_gumiho model=$(MODEL) train=$(TRAIN_RECIPE) $(TRAIN_ARGS)

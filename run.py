@@ -2,7 +2,7 @@
 
 Hydra composes `conf/`; `python run.py -m method=vanilla,...` runs several methods in one process.
 A bad option ends the command with one line on stderr and exit status 2, before the model loads
-(`evaluation.validation`); Hydra reports its own errors (an unknown config group option) as it always does.
+(`evaluation.run.validation`); Hydra reports its own errors (an unknown config group option) as it always does.
 """
 
 import os
@@ -15,18 +15,19 @@ require_supported_environment()  # one line per missing package or unsupported v
 import hydra  # noqa: E402
 from hydra.errors import ConfigCompositionException  # noqa: E402
 
-from evaluation.config import register_configs  # noqa: E402
-from evaluation.errors import HarnessError  # noqa: E402
+from evaluation.run.config import register_configs  # noqa: E402
+from evaluation.engine.errors import HarnessError  # noqa: E402
 
 register_configs()
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg) -> None:
-    from evaluation import report, runner
+    from evaluation import report
+    from evaluation.run.orchestrate import run
 
     try:
-        for folder in runner.run(cfg):
+        for folder in run(cfg):
             print(f"Answers: {folder}")
         if cfg.run.report and launched_elsewhere():
             print(f"Report: `python -m evaluation.report --results {cfg.run.results_dir}` once every job is done")
@@ -55,7 +56,7 @@ def cli() -> None:
     try:
         main()
     except ConfigCompositionException as exc:
-        from evaluation.validation import option_error_from_hydra
+        from evaluation.run.validation import option_error_from_hydra
 
         error = option_error_from_hydra(exc)
         if error is None or user_wants_full_error:

@@ -1,11 +1,4 @@
-"""Baseline decoding methods. Importing the package imports every module in it, which registers the methods."""
+"""Baseline decoding methods: vanilla, PLD, Lookahead, REST, Token Recycling and SAM-Decoding.
 
-import importlib
-import pkgutil
-
-# Modules that are commands (`python -m ...`), not methods: importing them here would make runpy warn.
-COMMANDS = {"rest_datastore"}
-
-for _module in pkgutil.iter_modules(__path__):
-    if _module.name not in COMMANDS:
-        importlib.import_module(f"{__name__}.{_module.name}")
+Each is found through its `conf/method/<name>.yaml` (`_target_`); importing the package imports none of them.
+"""

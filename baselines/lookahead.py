@@ -1,4 +1,4 @@
-"""Lookahead decoding (LADE, spec §5): Jacobi iterations on a 2-D window harvest n-grams into a pool.
+"""Lookahead decoding (LADE, docs/methods/lookahead.md): Jacobi iterations on a 2-D window harvest n-grams into a pool.
 
 Every step carries, besides the pending token u:
 - the guesses: the pool's (N-1)-token tuples keyed by u, each a chain below u, verified greedily by the engine;
@@ -17,10 +17,9 @@ import random
 from dataclasses import dataclass
 
 from evaluation.engine.method import DecodeState, Method, StepOutcome
-from evaluation.engine.registry import register_method
 from evaluation.engine.tree import DraftTree, SideNodes
-from evaluation.errors import require
-from evaluation.validation import MAX_DRAFT_NODES, require_int_range
+from evaluation.engine.errors import require
+from evaluation.engine.options import MAX_DRAFT_NODES, require_int_range
 
 INIT_SEED = 10  # upstream calls random.seed(10) before drawing the initial window
 
@@ -47,7 +46,7 @@ class NgramPool:
 
 
 def window_layout(levels: list[list[int]], first_node: int) -> SideNodes:
-    """Side nodes for the filled levels (spec §5.2), numbered from `first_node`; node 0 is the pending token.
+    """Side nodes for the filled levels (docs/methods/lookahead.md, Side nodes), numbered from `first_node`; node 0 is the pending token.
 
     levels[0][i] sits at offset 1+i and sees u and levels[0][..i]; levels[l][j] (l >= 1) sits at offset l+j and sees
     u, levels[0][..j-1] and levels[1..l][j].
@@ -70,7 +69,7 @@ def window_layout(levels: list[list[int]], first_node: int) -> SideNodes:
 
 
 def advance_window(levels: list[list[int]], win: list[int], levels_total: int) -> list[list[int]]:
-    """The window after one step (spec §5.3 warm-up, §5.5 steady shift by one column).
+    """The window after one step (docs/methods/lookahead.md, Window warm-up and shift).
 
     `win` is the argmax at every token of the last filled level. While warming up, each level drops its first
     token and a new level is added from `win`; in steady state the rows move up one level and `win` is the last.
@@ -82,7 +81,7 @@ def advance_window(levels: list[list[int]], win: list[int], levels_total: int) -
 
 
 def harvest(pool: NgramPool, pending: int, levels: list[list[int]], win: list[int]) -> None:
-    """Insert every column's n-gram (spec §5.5): key at position p+j, then levels[1..][j] and win[j]."""
+    """Insert every column's n-gram (docs/methods/lookahead.md, Pool insertion): key at position p+j, then levels[1..][j] and win[j]."""
     for j in range(len(win)):
         key = pending if j == 0 else levels[0][j - 1]
         pool.insert(key, tuple(level[j] for level in levels[1:]) + (win[j],))
@@ -100,12 +99,9 @@ def step_nodes(level: int, window: int, guess: int, full_match_bonus: bool) -> i
     return guess * guess_length(level, full_match_bonus) + window_nodes
 
 
-@register_method("lookahead")
 class Lookahead(Method):
     """Lookahead decoding with N = level, W = window, G = guess (Spec-Bench runs 5/7/7)."""
 
-    title, family, table_order, colour = "Lookahead", "training-free", 20, "#ff7f0e"
-    published_names = ("Lookahead",)
 
     @dataclass
     class Config:
@@ -142,7 +138,7 @@ class Lookahead(Method):
         cfg = self.config
         return step_nodes(cfg.level, cfg.window, cfg.guess, cfg.full_match_bonus)
 
-    def reset(self, prompt_ids: list[int]) -> None:
+    def reset(self, prompt_ids: list[int], hidden_states=None) -> None:
         cfg = self.config
         # Upstream seeds Python's global random with 10 and draws W+N-3 prompt tokens; a private Random(10) draws
         # the same tokens without touching the global state.

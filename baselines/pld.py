@@ -1,4 +1,4 @@
-"""PLD, prompt lookup decoding (spec §3): draft the continuation of an earlier occurrence of the last n-gram.
+"""PLD, prompt lookup decoding (docs/methods/pld.md): draft the continuation of an earlier occurrence of the last n-gram.
 
 Each step looks up the sequence's last n-gram (longest n first) among the n-grams of prompt + output and drafts
 the tokens that followed the chosen occurrence, as one chain below the pending token. Upstream rescans the whole
@@ -12,9 +12,8 @@ import bisect
 from dataclasses import dataclass
 
 from evaluation.engine.method import DecodeState, Method
-from evaluation.engine.registry import register_method
 from evaluation.engine.tree import DraftTree
-from evaluation.validation import MAX_DRAFT_NODES, MAX_TOKEN_ID, require_choice, require_int_range, require_token_id
+from evaluation.engine.options import MAX_DRAFT_NODES, MAX_TOKEN_ID, require_choice, require_int_range, require_token_id
 
 MATCH_ORDERS = ("earliest", "latest")
 
@@ -64,12 +63,9 @@ class NgramIndex:
         return []
 
 
-@register_method("pld")
 class PLD(Method):
     """Prompt lookup decoding: a chain of up to `num_pred_tokens` tokens copied from the sequence itself."""
 
-    title, family, table_order, colour = "PLD", "retrieval", 10, "#1f77b4"
-    published_names = ("PLD",)
 
     @dataclass
     class Config:
@@ -101,7 +97,7 @@ class PLD(Method):
     def max_nodes(self) -> int:
         return self.config.num_pred_tokens
 
-    def reset(self, prompt_ids: list[int]) -> None:
+    def reset(self, prompt_ids: list[int], hidden_states=None) -> None:
         self.index = NgramIndex(self.config.max_ngram_size)
         self.index.extend(prompt_ids)
 

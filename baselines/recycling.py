@@ -1,10 +1,10 @@
-"""Token Recycling (spec §8): a static tree template filled from the successors the target recently predicted.
+"""Token Recycling (docs/methods/recycling.md): a static tree template filled from the successors the target recently predicted.
 
 An adjacency matrix holds, for every vocabulary token, the top-8 tokens of the target's logits the last time that
 token sat at a verified tree node, in or out of the accepted path ("recycled" candidates). Each step fills a fixed
 template (upstream "2.2.2": 80 nodes below the pending token, in depth order) layer by layer from the matrix: a
 node of rank k below a node holding token t drafts `adj[t, k]`. After verification every node's row is rewritten.
-See docs/recycling.md for the scope of the matrix, the duplicate rule and what differs from upstream.
+See docs/methods/recycling.md for the scope of the matrix, the duplicate rule and what differs from upstream.
 """
 
 from __future__ import annotations
@@ -15,9 +15,8 @@ import numpy as np
 import torch
 
 from evaluation.engine.method import DecodeState, Method, StepOutcome
-from evaluation.engine.registry import register_method
 from evaluation.engine.tree import DraftTree
-from evaluation.errors import require
+from evaluation.engine.errors import require
 
 SUCCESSORS = 8  # columns of the adjacency matrix: the top-k kept per token (upstream hard-codes 8)
 
@@ -109,7 +108,7 @@ class AdjacencyDrafter:
         self.adjacency.zero_()
         self.seen[:] = False
 
-    def reset(self, prompt_ids: list[int]) -> None:
+    def reset(self, prompt_ids: list[int], hidden_states=None) -> None:
         """A new turn. `question` scope keeps the matrix when this prompt extends the previous turn's prompt (a
         later turn of the same conversation); `turn` clears it every turn; `process` never (upstream)."""
         continues = (self.previous_prompt is not None and len(prompt_ids) > len(self.previous_prompt)
@@ -168,12 +167,9 @@ def verified_tokens(node_tokens: np.ndarray, state: DecodeState, outcome: StepOu
     return node_tokens if kept is None else node_tokens[np.asarray(kept)]
 
 
-@register_method("recycling")
 class TokenRecycling(Method):
     """Token Recycling: the template "2.2.2" filled from each token's most recent top-8 successors."""
 
-    title, family, table_order, colour = "Token Recycling", "training-free", 32, "#9467bd"
-    published_names = ("Recycling", "Token Recycling")
 
     @dataclass
     class Config:
@@ -199,7 +195,7 @@ class TokenRecycling(Method):
     def max_nodes(self) -> int:
         return self.drafter.max_nodes
 
-    def reset(self, prompt_ids: list[int]) -> None:
+    def reset(self, prompt_ids: list[int], hidden_states=None) -> None:
         self.drafter.reset(prompt_ids)
 
     def draft(self, state: DecodeState) -> DraftTree:

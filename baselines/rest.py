@@ -1,9 +1,9 @@
 """REST: retrieval-based speculative decoding (He et al. 2024; Spec-Bench `model/rest/`), in numpy.
 
-Per step (docs/methods.md §6.3): the longest suffix of the context (the pending token included), 16 tokens down to 2,
+Per step (docs/methods/rest.md, Retrieval): the longest suffix of the context (the pending token included), 16 tokens down to 2,
 is looked up in the suffix array of a corpus (baselines/rest_datastore.py). Up to 5000 of its occurrences give
 continuations of up to 10 tokens; every prefix of them is counted in a trie, and the most frequent prefixes become
-the draft tree below the pending token. See docs/rest.md for the quirk switches and their defaults.
+the draft tree below the pending token. See docs/methods/rest.md for the quirk switches and their defaults.
 """
 
 from __future__ import annotations
@@ -15,10 +15,9 @@ import numpy as np
 
 from baselines.rest_datastore import Datastore, build_datastore, load_datastore
 from evaluation.engine.method import DecodeState, Method
-from evaluation.engine.registry import register_method
 from evaluation.engine.tree import DraftTree
-from evaluation.errors import require
-from evaluation.validation import (
+from evaluation.engine.errors import require
+from evaluation.engine.options import (
     MAX_DRAFT_NODES, MAX_TOKEN_ID, require_choice, require_dir, require_int_range, require_token_id,
 )
 
@@ -265,12 +264,9 @@ class Retriever:
         return tree
 
 
-@register_method("rest")
 class Rest(Method):
     """Drafts retrieved continuations of the context's longest suffix found in a corpus (a trie of them)."""
 
-    title, family, table_order, colour = "REST", "retrieval", 25, "#2ca02c"
-    published_names = ("REST",)
 
     Config = RestConfig
 

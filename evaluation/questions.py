@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from evaluation.errors import HarnessError
+from evaluation.engine.errors import HarnessError
 
 # MT-bench's eight categories form Spec-Bench's "multi-turn conversation" subtask.
 MT_BENCH_CATEGORIES = frozenset(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from evaluation.errors import HarnessError
+from evaluation.engine.errors import HarnessError
 
 
 def build_prompt_ids(tokenizer, chat_template: str, history: list[tuple[str, str]], question: str) -> list[int]:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from evaluation.errors import HarnessError
+from evaluation.engine.errors import HarnessError
 from gumiho.draft_model import GumihoDraft
 
 OUR_WEIGHTS = "model.safetensors"

@@ -1,4 +1,4 @@
-"""Training data (methods.md §7.7): ShareGPT conversations rendered with the target's chat template.
+"""Training data (docs/methods/gumiho.md, Training data): ShareGPT conversations rendered with the target's chat template.
 
 The packaged ShareGPT JSON stops mid-record, so it is read record by record (`baselines.rest_datastore`). Each
 conversation becomes `input_ids` and a loss mask that is 1 on assistant-reply tokens only: the text is rendered

@@ -1,4 +1,4 @@
-"""The Gumiho draft network (methods.md §7.1): fc(2H -> H), two Llama decoder layers, parallel MLP heads.
+"""The Gumiho draft network (docs/methods/gumiho.md, Draft network): fc(2H -> H), two Llama decoder layers, parallel MLP heads.
 
 The draft reads target hidden states. Its serial part is EAGLE's: at draft position j the input is
 fc([emb(token_{j+1}) ; feature_j]) and the two decoder layers (the first without an input norm, no final norm)
@@ -136,7 +136,7 @@ class GumihoDraft(nn.Module):
 
     # ------------------------------------------------------------------------------------- training
     def forward(self, features: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor):
-        """Teacher-forced train-mode forward (methods.md §7.8).
+        """Teacher-forced train-mode forward (docs/methods/gumiho.md, Training recipe).
 
         features [B, L, H] = target states h_0..h_{L-1} (noised), input_ids [B, L] = x_1..x_L (shifted left),
         attention_mask [B, L] (1 = real token). Returns o [B, L, H] (o_t ~ h_{t+1}) and the heads' outputs

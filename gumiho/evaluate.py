@@ -25,7 +25,8 @@ def heldout_set(lm, question_file: str | Path, per_subtask: int, new_tokens: int
     """[(prompt_ids, continuation_ids)] for the first `per_subtask` questions of each subtask (first turns)."""
     if cache is not None and cache.is_file():
         return torch.load(cache)
-    from evaluation.engine import decode_turn, method_class
+    from evaluation.catalog import method_class
+    from evaluation.engine import decode_turn
     from evaluation.questions import load_questions, select_questions
     from evaluation.templates import build_prompt_ids
 

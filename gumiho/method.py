@@ -1,4 +1,4 @@
-"""Gumiho and EAGLE-2 on the shared engine (methods.md §7): a trained draft reads the target's hidden states.
+"""Gumiho and EAGLE-2 on the shared engine (docs/methods/gumiho.md): a trained draft reads the target's hidden states.
 
 Each step (`draft`):
   1. the draft's context is extended with the pairs (target hidden state h_j, token x_{j+1}) not yet in its own
@@ -8,7 +8,7 @@ Each step (`draft`):
   3. Gumiho only: the MLP heads read the last two serial (feature, token) pairs of every beam and give depths
      3..7 at once, expanded by beam search with pruning;
   4. the `total_tokens - 1` best nodes by cumulative log-probability become the `DraftTree` (gumiho/tree.py);
-     the engine verifies it greedily. With `fta` the verification rows are padded as §7.4 (not exact).
+     the engine verifies it greedily. With `fta` the verification rows are padded as docs/methods/gumiho.md, Full Tree Attention, describes (not exact).
 The draft's rows for the tree are written after its context in its own cache and cropped away afterwards.
 """
 
@@ -24,10 +24,9 @@ import torch
 
 from evaluation.engine.kv_cache import PositionalKVCache
 from evaluation.engine.method import DecodeState, Method, StepOutcome
-from evaluation.engine.registry import register_method
 from evaluation.engine.tree import DraftTree
-from evaluation.errors import HarnessError, require
-from evaluation.validation import MAX_DRAFT_NODES, require_int_range
+from evaluation.engine.errors import HarnessError, require
+from evaluation.engine.options import MAX_DRAFT_NODES, require_int_range
 from gumiho.draft_model import SERIAL_LAYERS, GumihoDraft
 from gumiho.tree import ROOT, Pool, expand, fta_rows, layout, root_paths, select_nodes
 
@@ -95,7 +94,6 @@ class _TreeDraftMethod(Method):
     """The machinery Gumiho and EAGLE-2 share: the draft's context cache, the serial levels, the selection."""
 
     needs_hidden_states = True
-    family = "trained draft"
 
     def __init__(self, config, model):
         super().__init__(config, model)
@@ -220,7 +218,7 @@ class GumihoConfig:
     mlp_num: int = 5  # parallel heads used (depths 3..)
     mlptopk: int = 35  # tokens expanded per beam at each MLP level
     pruning: int = 35  # beams kept per MLP level
-    fta: bool = False  # Full Tree Attention rows (upstream 1): not exact, see docs/gumiho.md
+    fta: bool = False  # Full Tree Attention rows (upstream 1): not exact, see docs/methods/gumiho.md
     sibling_mask: str = "causal"  # upstream: level-2 siblings see earlier siblings; "tree": only their ancestors
     mlp_first_slot: str = "index"  # upstream: the c-th level-1 pair; "parent": the candidate's own parent's pair
 
@@ -237,12 +235,9 @@ class GumihoConfig:
         check_draft_source(self.draft, self.seed)
 
 
-@register_method("gumiho")
 class Gumiho(_TreeDraftMethod):
     """Serial draft layers for depths 1-2, parallel MLP heads for depths 3-7, a dynamic top-k tree."""
 
-    title, table_order, colour = "Gumiho", 50, "#17becf"
-    published_names = ("Gumiho",)
     Config = GumihoConfig
 
     def __init__(self, config: GumihoConfig, model):
@@ -310,12 +305,9 @@ class Eagle2Config:
         check_draft_source(self.draft, self.seed)
 
 
-@register_method("eagle2")
 class Eagle2(_TreeDraftMethod):
     """EAGLE-2's dynamic tree: `depth` serial steps on `top_k` beams; every expansion is a candidate."""
 
-    title, table_order, colour = "EAGLE-2", 45, "#bcbd22"
-    published_names = ("EAGLE2", "EAGLE-2")
     Config = Eagle2Config
 
     def __init__(self, config: Eagle2Config, model):

@@ -1,6 +1,7 @@
-"""Train a Gumiho draft for a target: `python -m gumiho.train model=<model> [train=<recipe>] [train.key=value ...]`.
+"""Training a Gumiho draft for a target (the command: `python -m evaluation.tools.train_gumiho model=<model> [train=<recipe>]
+[train.key=value ...]`, or `make train-gumiho`).
 
-Recipe (methods.md §7.8) with the target's hidden states computed on the fly (nothing stored):
+Recipe (docs/methods/gumiho.md, Training recipe) with the target's hidden states computed on the fly (nothing stored):
   loss = v_w Lv(o, h_next) + p_w Lp(o, h_next)
        + mlp_v_w / mlp_loss_weight * sum_i decay^(i+1) Lv(MLP_i, h_{+3+i})
        + mlp_p_w / mlp_loss_weight * sum_i decay^(i+1) Lp(MLP_i, h_{+3+i})
@@ -13,13 +14,12 @@ loss for that many tokens, as upstream's first two epochs; -1 = always); `dtype:
 
 Resumable: every checkpoint (draft, optimizer, scheduler, RNG states, data position, curve) is written
 atomically to `work_dir`; running the same command again continues. Several GPUs: `accelerate launch -m
-gumiho.train ...` (each process reads every world_size-th conversation; gradients are averaged by DDP).
+evaluation.tools.train_gumiho ...` (each process reads every world_size-th conversation; gradients are averaged by DDP).
 """
 
 from __future__ import annotations
 
 import csv
-import json
 import math
 import os
 import random
@@ -29,14 +29,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
-import hydra
 import numpy as np
 import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from evaluation.errors import HarnessError, OptionError, require
+from evaluation.engine.errors import HarnessError, OptionError, require
 from gumiho.checkpoint import save_draft
 from gumiho.data import iter_samples
 from gumiho.draft_model import GumihoDraft
@@ -387,30 +386,3 @@ def options_from(cfg) -> TrainOptions:
     except OptionError as exc:
         raise exc.in_group("train") from None
     return options
-
-
-def train(cfg) -> dict:
-    from evaluation.config import ModelConfig
-    from evaluation.models import load_model
-
-    options = options_from(cfg.train)
-    model_cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), cfg.model))
-    model_cfg.dtype = "float32"  # the target's weights stay float32; `train.dtype` sets the autocast
-    lm = load_model(model_cfg, options.device)
-    return Trainer(lm, options, model_cfg.name).run()
-
-
-@hydra.main(version_base="1.3", config_path="../conf", config_name="train_config")
-def main(cfg) -> None:
-    try:
-        row = train(cfg)
-    except HarnessError as exc:
-        raise SystemExit(f"error: {exc}") from None
-    print(json.dumps(row))
-
-
-if __name__ == "__main__":
-    from evaluation.versions import require_supported_environment
-
-    require_supported_environment()
-    main()

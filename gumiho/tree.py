@@ -1,4 +1,4 @@
-"""Draft-tree search and selection (methods.md §7.3) and Full Tree Attention rows (§7.4), as plain tensor logic.
+"""Draft-tree search and selection (docs/methods/gumiho.md, Draft tree search) and Full Tree Attention rows (Full Tree Attention), as plain tensor logic.
 
 A step builds a *pool* of candidate nodes level by level, each with a token, a cumulative log-probability and
 the pool index of its parent (-1 = the root, i.e. the pending token):
@@ -114,7 +114,7 @@ def root_paths(parents: list[int]) -> list[list[int]]:
 
 
 def fta_rows(paths: list[list[int]]) -> list[list[int]]:
-    """Full Tree Attention (§7.4): pad each short path, column by column, with the most frequent real node of
+    """Full Tree Attention (docs/methods/gumiho.md, Full Tree Attention): pad each short path, column by column, with the most frequent real node of
     that column (ties: the smallest node index). Columns from the shortest path's length on are filled.
 
     Upstream sorts nothing in greedy mode: its rows are in leaf order, which puts short rows first only because

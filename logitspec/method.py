@@ -4,7 +4,7 @@ Per step the draft is a star of chains below the pending token r (= argmax of th
   1. the continuation of r itself, from the longest n-gram match on the committed tokens;
   2. for each top-k token t != r of the last logits, in rank order: [t] + the pool's continuation of (ctx + [t]),
      cut to a rank-dependent length, until the tree holds `draft_tree_capacity` nodes (r included).
-See docs/logitspec.md and section 4 of docs/methods.md.
+See docs/methods/logitspec.md.
 """
 
 from __future__ import annotations
@@ -15,10 +15,9 @@ from typing import Optional
 import torch
 
 from evaluation.engine.method import DecodeState, Method, StepOutcome
-from evaluation.engine.registry import register_method
 from evaluation.engine.tree import DraftTree
-from evaluation.errors import require
-from evaluation.validation import MAX_DRAFT_NODES, require_increasing, require_int_range
+from evaluation.engine.errors import require
+from evaluation.engine.options import MAX_DRAFT_NODES, require_increasing, require_int_range
 from logitspec.pool import Pool
 
 
@@ -54,12 +53,9 @@ class LogitSpecConfig:
         require_increasing("rank_thresholds", list(self.rank_thresholds))
 
 
-@register_method("logitspec")
 class LogitSpec(Method):
     """Top-k of the last logit guess the next-next token; n-gram retrieval extends each guess."""
 
-    title, family, table_order, colour = "LogitSpec", "training-free", 30, "#d62728"
-    published_names = ("LogitSpec",)
     Config = LogitSpecConfig
 
     def __init__(self, config: LogitSpecConfig, model):
@@ -85,7 +81,7 @@ class LogitSpec(Method):
     def max_nodes(self) -> int:
         return self.config.draft_tree_capacity - 1
 
-    def reset(self, prompt_ids: list[int]) -> None:
+    def reset(self, prompt_ids: list[int], hidden_states=None) -> None:
         # The pool holds the committed tokens without the pending one, as upstream (r is added only once accepted).
         self.pool.build(prompt_ids)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from evaluation.config import register_configs
+from evaluation.run.config import register_configs
 from evaluation.questions import SUBTASKS, load_questions, select_questions
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -80,7 +80,8 @@ ONE_PER_SUBTASK = ("q81", "q81-turn2", "q161", "q241", "q321", "q401", "q481")
 @pytest.fixture(scope="session")
 def vanilla_reference(lm):
     """vanilla_reference(prompt_ids, max_new_tokens) -> vanilla's token ids, computed once per prompt."""
-    from evaluation.engine import decode_turn, method_class
+    from evaluation.catalog import method_class
+    from evaluation.engine import decode_turn
 
     vanilla = method_class("vanilla")(None, lm)
     cache: dict = {}

@@ -11,12 +11,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from evaluation import figures, report, runner
-from evaluation.engine import method_class
+from evaluation import report
+from evaluation.report import figures
+from evaluation.run import orchestrate
+from evaluation.catalog import method_class
 from evaluation.engine.budget import (AcceptanceModel, DraftBudget, LatencyCurve, best_subtree, calibrate,
                                       prune)
 from evaluation.engine.tree import DraftTree, SideNodes
-from evaluation.errors import HarnessError
+from evaluation.engine.errors import HarnessError
 from tests.conftest import ONE_PER_SUBTASK
 from tests.test_runner import QUESTIONS, small_config, write_questions
 
@@ -361,7 +363,7 @@ def test_runner_records_proposed_and_verified_nodes(lm, tmp_path):
     pd.DataFrame({"new_tokens": MODERATE.new_tokens, "median_ms": MODERATE.seconds * 1000}).to_csv(curve)
     for extra in ([], ["run.draft_budget=auto", f"run.latency_curve={curve}"]):
         for method in ("vanilla", "pld"):
-            runner.run(small_config(tmp_path, qfile, f"method={method}", "bench.max_new_tokens=24", *extra))
+            orchestrate.run(small_config(tmp_path, qfile, f"method={method}", "bench.max_new_tokens=24", *extra))
     df = report.load_runs(tmp_path / "runs")
     budgeted = "pld,draft_budget=auto,replayed_curve"
     assert sorted(df.method_label.unique()) == ["pld", budgeted, "vanilla"]

@@ -8,10 +8,10 @@ import math
 import pandas as pd
 import pytest
 
-from evaluation import figures
-from evaluation.engine.registry import method_info
+from evaluation.report import figures
+from evaluation.catalog import method_display
 from evaluation.engine.timing import PARTS
-from evaluation.errors import HarnessError
+from evaluation.engine.errors import HarnessError
 
 
 def write_run(folder, method, key, repeat, answers, label=None):
@@ -153,7 +153,7 @@ def test_acceptance_lengths_and_colours(runs):
     assert list(lengths) == ["vanilla", "pld", "logitspec"]
     assert sorted(lengths["logitspec"].tolist()) == [1, 1, 1, 2, 7, 9, 10, 14, 15]
     colours = figures.colour_map(["vanilla", "pld", "logitspec,next_next=False", "logitspec"])
-    assert colours["pld"] == method_info("pld").colour
+    assert colours["pld"] == method_display("pld").colour
     assert colours["logitspec,next_next=False"] == figures.EXTRA_COLOURS[0]
 
 
@@ -190,8 +190,8 @@ def test_ablation_table_and_figure(tmp_path):
 def test_gumiho_table_puts_ours_beside_the_paper_and_the_training_curve_is_drawn(tmp_path):
     from pathlib import Path
 
-    from evaluation.figures.gumiho import draft_curves, gumiho_table, plot_training_curve
-    from evaluation.figures.tables import default_published_csv
+    from evaluation.report.figures.gumiho import draft_curves, gumiho_table, plot_training_curve
+    from evaluation.report.figures.tables import default_published_csv
 
     ours = pd.DataFrame([{"subtask": "overall", "method": m, "method_label": m, "model": "toy", "temperature": t,
                           "setting_title": "toy, cpu", "speedup": s, "mat": a}

@@ -1,4 +1,4 @@
-"""Gumiho and EAGLE-2: the draft tree (§7.3) on hand-made scores, FTA rows (§7.4), the checkpoint loader, and
+"""Gumiho and EAGLE-2: the draft tree (docs/methods/gumiho.md, Draft tree search) on hand-made scores, FTA rows, the checkpoint loader, and
 losslessness on the real embedded model with a seeded random draft."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from evaluation.engine import decode_turn
 from evaluation.engine.tree import DraftTree, build_tree_inputs, verify_greedy, verify_rows
-from evaluation.errors import HarnessError, OptionError
+from evaluation.engine.errors import HarnessError, OptionError
 from gumiho.checkpoint import load_draft, save_draft
 from gumiho.method import Eagle2, Eagle2Config, Gumiho, GumihoConfig
 from gumiho.tree import ROOT, Pool, expand, fta_rows, layout, root_paths, select_nodes
@@ -190,11 +190,13 @@ def test_missing_committed_draft_names_the_training_command(lm):
 
 
 def test_metadata():
-    assert (Gumiho.title, Gumiho.family, Gumiho.table_order, Gumiho.colour) == (
-        "Gumiho", "trained draft", 50, "#17becf")
-    assert (Eagle2.title, Eagle2.family, Eagle2.table_order, Eagle2.colour) == (
-        "EAGLE-2", "trained draft", 45, "#bcbd22")
-    assert Eagle2.published_names == ("EAGLE2", "EAGLE-2")
+    from evaluation.catalog import method_class, method_display
+
+    assert method_class("gumiho") is Gumiho and method_class("eagle2") is Eagle2
+    gumiho, eagle2 = method_display("gumiho"), method_display("eagle2")
+    assert (gumiho.title, gumiho.family, gumiho.order, gumiho.colour) == ("Gumiho", "trained draft", 50, "#17becf")
+    assert (eagle2.title, eagle2.family, eagle2.order, eagle2.colour) == ("EAGLE-2", "trained draft", 45, "#bcbd22")
+    assert eagle2.published_names == ("EAGLE2", "EAGLE-2")
 
 
 # ------------------------------------------------------------------------------------ on the model

@@ -72,7 +72,8 @@ def test_per_depth_evaluation_runs(lm):
     draft = GumihoDraft.for_target(lm.model)
     prompt = lm.tokenizer.apply_chat_template([{"role": "user", "content": "Count to five."}], tokenize=True,
                                               add_generation_prompt=True, return_dict=False)
-    from evaluation.engine import decode_turn, method_class
+    from evaluation.catalog import method_class
+    from evaluation.engine import decode_turn
 
     continuation = decode_turn(lm, method_class("vanilla")(None, lm), prompt, 16).new_ids
     result = depth_accuracy(draft, lm.model, [(prompt, continuation)])

@@ -4,7 +4,7 @@ In float32 a tree forward equals causal runs to 1e-4 and every method equals van
 tests). bfloat16 keeps 8 significant bits, so a tree forward and a causal forward round differently: their logits
 agree only to a bfloat16 tolerance, and a method may leave vanilla's path where the top two logits nearly tie.
 These tests bound the first (measured, see the constants) and require the second to be the only way a lossless
-method's bfloat16 answer differs from bfloat16 vanilla's (`evaluation.half_precision`).
+method's bfloat16 answer differs from bfloat16 vanilla's (`evaluation.tools.half_precision`).
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ import numpy as np
 import pytest
 import torch
 
-from evaluation.engine import DraftTree, decode_turn, method_class
+from evaluation.catalog import method_class
+from evaluation.engine import DraftTree, decode_turn
 from evaluation.engine.loop import _forward
 from evaluation.engine.tree import ancestor_matrix, build_tree_inputs
-from evaluation.half_precision import (NEAR_TIE_GAP, as_table, beyond_rounding, compare_methods,
+from evaluation.tools.half_precision import (NEAR_TIE_GAP, as_table, beyond_rounding, compare_methods,
                                        first_difference_margins, method_configs)
 from tests.conftest import compose_config
 from tests.test_engine import causal_logits, prefill, random_tree

@@ -8,9 +8,10 @@ import sys
 
 import pytest
 
-from evaluation import interleave, report, runner
-from evaluation.errors import HarnessError
-from evaluation.figures.common import with_settings
+from evaluation import report
+from evaluation.run import interleave, orchestrate
+from evaluation.engine.errors import HarnessError
+from evaluation.report.figures.common import with_settings
 from tests.conftest import ROOT
 from tests.test_runner import QUESTIONS, small_config, write_questions
 
@@ -45,7 +46,7 @@ def test_cells_take_turns_per_question_and_compare_only_among_themselves(lm, tmp
     assert manifests[0]["comparison_key"] == manifests[1]["comparison_key"]
 
     # A vanilla run of run.py in the same folder is another setting: pld is compared with its own vanilla only.
-    [plain] = runner.run(small_config(tmp_path, qfile))
+    [plain] = orchestrate.run(small_config(tmp_path, qfile))
     assert plain not in (vanilla, pld)
     runs = report.load_runs(tmp_path / "runs")
     assert runs.groupby("comparison_key").method.apply(sorted).map(tuple).value_counts().to_dict() == {
@@ -102,7 +103,7 @@ def test_bad_cells_fail_in_one_line_and_write_nothing(tmp_path, cells, extra, me
 
 def test_command_line_error_is_one_line(tmp_path):
     qfile = write_questions(tmp_path / "q.jsonl", QUESTIONS)
-    done = subprocess.run([sys.executable, "-m", "evaluation.interleave", "method=vanilla", "method=pld",
+    done = subprocess.run([sys.executable, "-m", "evaluation.run.interleave", "method=vanilla", "method=pld",
                            "--", f"bench.question_file={qfile}", "bench.max_new_tokens=-1",
                            f"run.results_dir={tmp_path / 'runs'}"], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 2

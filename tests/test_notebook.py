@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from evaluation import runner
+from evaluation.run import orchestrate
 from tests.conftest import ROOT, compose_config
 
 # Jupyter is in `make setup`'s pins, not in a GPU image (`.ci/offline-check`'s environment): the test skips there.
@@ -15,7 +15,7 @@ NotebookClient = pytest.importorskip("nbclient").NotebookClient
 def test_notebook_executes_on_real_results(lm, spec_bench_file, tmp_path, monkeypatch):
     results = tmp_path / "runs"
     for method in ("vanilla", "logitspec"):
-        runner.run(compose_config(
+        orchestrate.run(compose_config(
             f"method={method}", f"bench.question_file={spec_bench_file}", "bench.subtasks=[summarization,qa]",
             "bench.questions_per_subtask=1", "bench.max_new_tokens=12", "bench.warmup=0",
             f"run.results_dir={results}", "run.progress=false", "model.dtype=float32", "run.device=cpu"))

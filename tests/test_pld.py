@@ -9,12 +9,12 @@ import torch
 
 from baselines.pld import PLD, NgramIndex
 from evaluation.engine.method import DecodeState
-from evaluation.errors import OptionError
+from evaluation.engine.errors import OptionError
 from tests.conftest import ONE_PER_SUBTASK
 
 
 def spec_lookup(x: list[int], max_n: int, k: int, full: bool, order: str = "earliest") -> list[int]:
-    """The rule of spec §3 written as the upstream rescan (and its truncated-continuation variant)."""
+    """The rule of docs/methods/pld.md written as the upstream rescan (and its truncated-continuation variant)."""
     length = len(x)
     for n in range(max_n, 0, -1):
         g = x[-n:]

@@ -11,7 +11,7 @@ import torch
 from baselines.recycling import TEMPLATES, AdjacencyDrafter, Template, TokenRecycling
 from evaluation.engine import decode_turn
 from evaluation.engine.method import DecodeState
-from evaluation.errors import OptionError
+from evaluation.engine.errors import OptionError
 
 
 def test_template_222_is_upstreams():

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 from hydra.errors import ConfigCompositionException, MissingConfigException
 
-from evaluation import report, runner
-from evaluation.engine import available_methods
-from evaluation.errors import HarnessError
+from evaluation import report
+from evaluation.run import orchestrate
+from evaluation.catalog import available_methods, method_class
+from evaluation.engine.errors import HarnessError
 from tests.conftest import CONF, ROOT, compose_config
 
 MODELS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
@@ -21,20 +22,25 @@ METHOD_CONFIGS = sorted(p.stem for p in (CONF / "method").glob("*.yaml"))
 
 @pytest.mark.parametrize("model", MODELS)
 def test_every_model_config_composes(model):
+    from evaluation.catalog import model_name
+
     cfg = compose_config(f"model={model}")
-    assert cfg.model.name == model
+    short = (CONF / "model" / f"{model}.yaml").read_text().count("defaults:") > 0
+    assert cfg.model.name == (model_name(model) if short else model)
+    if short:  # a short name is the full config under another file name: same model, same run folders
+        full = compose_config(f"model={cfg.model.name}")
+        assert cfg.model == full.model and model_name(model) != model
     assert cfg.model.chat_template == "tokenizer" or cfg.model.chat_template.startswith("fschat:")
     assert cfg.model.hf_id
 
 
 @pytest.mark.parametrize("method", METHOD_CONFIGS)
 def test_every_method_config_composes_and_validates(method):
-    from evaluation.config import method_options
-    from evaluation.engine import method_class
+    from evaluation.run.validation import method_spec
 
     cfg = compose_config(f"method={method}")
-    cls = method_class(cfg.method.name)
-    assert isinstance(method_options(cls, cfg.method), cls.Config)
+    spec = method_spec(cfg.method)
+    assert isinstance(spec.options, spec.cls.Config) and spec.cls is method_class(cfg.method.name)
 
 
 def test_every_registered_method_has_a_config():
@@ -48,13 +54,12 @@ def test_unknown_keys_and_names_are_rejected():
         compose_config("bench.max_new_tokens=abc")
     with pytest.raises(MissingConfigException, match="smollm2-135m"):
         compose_config("model=gpt-17")  # the message lists the available models
-    from evaluation.config import method_options
-    from evaluation.engine import method_class
+    from evaluation.run.validation import method_spec
 
     with pytest.raises(HarnessError, match="unknown method 'vanila'.*did you mean 'vanilla'"):
         method_class("vanila")
     with pytest.raises(HarnessError, match="unknown option method.depth for method 'vanilla'"):
-        method_options(method_class("vanilla"), compose_config("+method.depth=3").method)
+        method_spec(compose_config("+method.depth=3").method)
 
 
 def write_questions(path: Path, questions: list[dict]) -> Path:
@@ -81,7 +86,7 @@ def check_run_and_resume(cfg, question_ids: list[int]) -> tuple[Path, list[dict]
     again: only that question is redone, and once finished a rerun changes nothing. Lines may come in any order
     (Ray workers finish questions out of order); each question must be written exactly once.
     Returns the run folder and its answer lines."""
-    [folder] = runner.run(cfg)
+    [folder] = orchestrate.run(cfg)
     answers = folder / "answers.jsonl"
     lines = [json.loads(line) for line in answers.read_text().splitlines()]
     assert sorted(line["question_id"] for line in lines) == question_ids
@@ -99,7 +104,7 @@ def check_run_and_resume(cfg, question_ids: list[int]) -> tuple[Path, list[dict]
     data = answers.read_bytes()
     cut = data.rfind(b"\n", 0, len(data) - 1) + 1
     answers.write_bytes(data[: cut + 25])
-    assert runner.run(cfg) == [folder]
+    assert orchestrate.run(cfg) == [folder]
     again = [json.loads(line) for line in answers.read_text().splitlines()]
     assert sorted(line["question_id"] for line in again) == question_ids
     assert again[:-1] == lines[:-1]  # answered questions are not redone
@@ -109,7 +114,7 @@ def check_run_and_resume(cfg, question_ids: list[int]) -> tuple[Path, list[dict]
 
     # Once finished, running again changes nothing, not even the manifest.
     before = {name: (folder / name).read_bytes() for name in ("manifest.json", "config.yaml", "answers.jsonl")}
-    assert runner.run(cfg) == [folder]
+    assert orchestrate.run(cfg) == [folder]
     assert {name: (folder / name).read_bytes() for name in before} == before
     return folder, again
 
@@ -127,7 +132,7 @@ def test_a_question_that_raises_is_recorded_and_excluded(lm, tmp_path):
                  {"question_id": 8, "category": "qa", "turns": ["Say bye."]}]
     qfile = write_questions(tmp_path / "q.jsonl", questions)
     for method in ("vanilla",):
-        runner.run(small_config(tmp_path, qfile, f"method={method}", "model.max_context=120"))
+        orchestrate.run(small_config(tmp_path, qfile, f"method={method}", "model.max_context=120"))
     df = report.load_runs(tmp_path / "runs")
     bad = df[df.question_id == 7].iloc[0]
     assert bad.status == "error" and "does not fit the context" in bad.error and "\n" not in bad.error
@@ -143,23 +148,23 @@ def test_bad_question_files_fail_with_file_and_line_and_write_nothing(tmp_path, 
     qfile = tmp_path / "q.jsonl"
     qfile.write_text(content)
     with pytest.raises(HarnessError, match=message):
-        runner.run(small_config(tmp_path, qfile))
+        orchestrate.run(small_config(tmp_path, qfile))
     assert not (tmp_path / "runs").exists()
 
 
 def test_missing_model_directory_and_too_long_prompt_write_nothing(lm, tmp_path):
     qfile = write_questions(tmp_path / "q.jsonl", QUESTIONS)
     with pytest.raises(HarnessError, match="bad value for model.path: '/no/such/model' .*existing folder"):
-        runner.run(small_config(tmp_path, qfile, "model.path=/no/such/model"))
+        orchestrate.run(small_config(tmp_path, qfile, "model.path=/no/such/model"))
     with pytest.raises(HarnessError, match="question 1: prompt of .* tokens does not fit the context of 20"):
-        runner.run(small_config(tmp_path, qfile, "model.max_context=20"))
+        orchestrate.run(small_config(tmp_path, qfile, "model.max_context=20"))
     assert not (tmp_path / "runs").exists()
 
 
 def test_unknown_subtask_is_named(tmp_path):
     qfile = write_questions(tmp_path / "q.jsonl", QUESTIONS)
     with pytest.raises(HarnessError, match="unknown subtask.*poetry.*this file has: mt_bench, qa"):
-        runner.run(small_config(tmp_path, qfile, "bench.subtasks=[poetry]"))
+        orchestrate.run(small_config(tmp_path, qfile, "bench.subtasks=[poetry]"))
 
 
 def test_command_line_errors_are_one_line(tmp_path):
@@ -185,5 +190,5 @@ def test_a_datastore_of_another_tokenizer_stops_the_run_in_one_line(lm, tmp_path
     store.mkdir()
     (store / "manifest.json").write_text(json.dumps({"tokenizer_sha256": "0" * 64}))
     with pytest.raises(HarnessError, match="built with another tokenizer") as caught:
-        runner.run(small_config(tmp_path, qfile, "method=rest", f"method.datastore={store}"))
+        orchestrate.run(small_config(tmp_path, qfile, "method=rest", f"method.datastore={store}"))
     assert "\n" not in str(caught.value) and not (tmp_path / "runs").exists()

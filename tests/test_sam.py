@@ -10,7 +10,7 @@ import torch
 from baselines.sam import SamConfig, SamDecoding
 from baselines.suffix_automaton import SuffixAutomaton
 from evaluation.engine.method import DecodeState
-from evaluation.errors import OptionError
+from evaluation.engine.errors import OptionError
 from evaluation.questions import load_questions
 
 
@@ -34,7 +34,7 @@ def brute_match(x: list[int], target: list[int]) -> tuple[int, list[int]]:
 
 
 def brute_draft(x: list[int], pending: int, n_predicts: int) -> tuple[int, list[int]]:
-    """Spec §9's draft by brute force: the match of x + [pending], then the longest suffix of it whose earliest
+    """The draft of docs/methods/sam.md by brute force: the match of x + [pending], then the longest suffix of it whose earliest
     occurrence is followed by n_predicts tokens (else the one-token match's), and n_predicts - 1 tokens after it."""
     length, earliest = brute_match(x, x + [pending])
     if length == 0:

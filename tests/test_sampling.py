@@ -11,8 +11,9 @@ import json
 import pytest
 import torch
 
-from evaluation import exactness
-from evaluation.engine import available_methods, decode_turn, method_class
+from evaluation.tools import exactness
+from evaluation.catalog import available_methods
+from evaluation.engine import decode_turn
 from evaluation.engine.sampling import Sampler, SamplingParams
 from tests.conftest import compose_config
 from tests.test_runner import QUESTIONS, small_config, write_questions
@@ -88,12 +89,11 @@ def method_configs() -> list[str]:
 def build(lm, config_name: str):
     """The method of conf/method/<config_name>.yaml; trained drafts fall back to a random one when none is
     committed for the embedded model (the rule, not the draft, is under test)."""
-    from evaluation.config import method_options
+    from evaluation.run.validation import method_spec
     from gumiho.method import committed_draft_dir
 
-    cfg = compose_config(f"method={config_name}").method
-    cls = method_class(cfg.name)
-    options = method_options(cls, cfg)
+    spec = method_spec(compose_config(f"method={config_name}").method)
+    cls, options = spec.cls, spec.options
     if hasattr(options, "draft") and options.draft is None and not committed_draft_dir(lm.name).is_dir():
         options = dataclasses.replace(options, draft="random")
     return cls(options, lm)
@@ -137,25 +137,26 @@ def test_a_seed_reproduces_its_tokens(lm, lossless_prompts):
 
 
 def test_a_sampled_run_records_its_setting_and_the_report_names_the_check(lm, tmp_path):
-    from evaluation import report, runner
+    from evaluation import report
+    from evaluation.run import orchestrate
 
     qfile = write_questions(tmp_path / "q.jsonl", QUESTIONS[1:])
     folders = {}
     for method in ("vanilla", "pld"):
         cfg = small_config(tmp_path, qfile, f"method={method}", "bench.temperature=1.0", "bench.top_k=50",
                            "run.seed=4")
-        [folders[method]] = runner.run(cfg)
+        [folders[method]] = orchestrate.run(cfg)
     manifest = json.loads((folders["pld"] / "manifest.json").read_text())
     assert manifest["sampling"] == {"temperature": 1.0, "top_p": 1.0, "top_k": 50, "seed": 4}
     # The same command again in a fresh folder gives the same tokens (seeded per question, not per run).
     again = small_config(tmp_path / "again", qfile, "method=pld", "bench.temperature=1.0", "bench.top_k=50",
                          "run.seed=4")
-    [folder] = runner.run(again)
+    [folder] = orchestrate.run(again)
     ids = [[json.loads(line)["choices"][0]["token_ids"] for line in (f / "answers.jsonl").read_text().splitlines()]
            for f in (folders["pld"], folder)]
     assert ids[0] == ids[1]
     # A greedy run of the same slice is another comparison; the sampled block names the statistical check.
-    [greedy] = runner.run(small_config(tmp_path, qfile, "method=vanilla"))
+    [greedy] = orchestrate.run(small_config(tmp_path, qfile, "method=vanilla"))
     assert greedy.name != folders["vanilla"].name
     _, markdown = report.build(tmp_path / "runs", tmp_path / "report")
     assert "temperature 1" in markdown and report.SAMPLED_CHECK in markdown
@@ -166,8 +167,8 @@ def test_a_sampled_run_records_its_setting_and_the_report_names_the_check(lm, tm
     ("bench.top_p=0.9", "unless temperature > 0"), ("bench.top_k=-2", "bench.top_k"),
 ])
 def test_bad_sampling_options_are_refused(override, message):
-    from evaluation.errors import HarnessError
-    from evaluation.validation import validate
+    from evaluation.engine.errors import HarnessError
+    from evaluation.run.validation import validate
 
     with pytest.raises(HarnessError, match=message.replace(".", r"\.")):
         validate(compose_config(override))

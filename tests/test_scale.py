@@ -17,11 +17,13 @@ import pandas as pd
 import pytest
 import torch
 
-from evaluation import report, runner
+from evaluation import report
+from evaluation.run import orchestrate
+from evaluation.run.folder import one_writer
 from evaluation.engine.kv_cache import PositionalKVCache
 from evaluation.engine.tree import DraftTree, SideNodes, ancestor_matrix, build_tree_inputs
-from evaluation.errors import HarnessError
-from evaluation.validation import validate
+from evaluation.engine.errors import HarnessError
+from evaluation.run.validation import validate
 from tests.conftest import ROOT, compose_config
 from tests.test_runner import QUESTIONS, check_run_and_resume, small_config, write_questions
 
@@ -44,7 +46,7 @@ def answers_of(folder) -> dict:
 
 def test_ray_workers_answer_as_one_process_does_and_resume_after_a_kill(ray_cluster, lm, tmp_path):
     qfile = write_questions(tmp_path / "q.jsonl", QUESTIONS[:2])
-    [single] = runner.run(small_config(tmp_path / "one", qfile, *TINY))
+    [single] = orchestrate.run(small_config(tmp_path / "one", qfile, *TINY))
     # The resume test of tests/test_runner.py, through 2 Ray workers: each question written once, a cut-off last
     # line redone by the next run's workers, nothing redone once finished.
     folder, lines = check_run_and_resume(small_config(tmp_path / "ray", qfile, *TINY, "run.workers=2"), [1, 2])
@@ -60,7 +62,7 @@ def test_ray_workers_answer_as_one_process_does_and_resume_after_a_kill(ray_clus
 def test_a_worker_that_cannot_load_stops_the_run_in_one_line(ray_cluster, lm, tmp_path):
     qfile = write_questions(tmp_path / "q.jsonl", QUESTIONS[:2])
     with pytest.raises(HarnessError, match="question 1: prompt of .* tokens does not fit the context of 20") as caught:
-        runner.run(small_config(tmp_path, qfile, "model.max_context=20", "run.workers=1"))
+        orchestrate.run(small_config(tmp_path, qfile, "model.max_context=20", "run.workers=1"))
     assert "\n" not in str(caught.value) and not (tmp_path / "runs").exists()
 
 
@@ -83,7 +85,7 @@ def test_without_workers_ray_is_never_imported():
     code = ("import sys, run\n"
             "from hydra.core.plugins import Plugins\nfrom hydra.plugins.launcher import Launcher\n"
             "Plugins.instance().discover(Launcher)  # the cluster launchers' plugins are scanned, not imported\n"
-            "from evaluation import runner\n"
+            "from evaluation.run import orchestrate\n"
             "assert 'ray' not in sys.modules and 'submitit' not in sys.modules\n")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -111,12 +113,12 @@ def test_a_submitit_sweep_writes_one_folder_per_cell_and_the_report_combines_the
 def test_one_writer_per_run_folder(lm, tmp_path):
     qfile = write_questions(tmp_path / "q.jsonl", QUESTIONS[1:2])
     cfg = small_config(tmp_path, qfile, "bench.max_new_tokens=2")
-    [folder] = runner.run(cfg)
-    with runner.one_writer(folder):  # another process writing this run, as the same sweep cell launched twice
+    [folder] = orchestrate.run(cfg)
+    with one_writer(folder):  # another process writing this run, as the same sweep cell launched twice
         with pytest.raises(HarnessError, match="is being written by another process") as caught:
-            runner.run(cfg)
+            orchestrate.run(cfg)
     assert "\n" not in str(caught.value)
-    assert runner.run(cfg) == [folder]  # the lock goes with its holder
+    assert orchestrate.run(cfg) == [folder]  # the lock goes with its holder
 
 
 # ------------------------------------------------------------------------ the CUDA path, checked on the CPU
@@ -180,8 +182,8 @@ def test_a_device_map_loads_and_answers_as_the_plain_model(lm, tmp_path):
     """accelerate's `auto` map on a machine without GPUs puts everything on the CPU: the same answers, another run
     identity (a split model times differently), and the placement in the manifest."""
     qfile = write_questions(tmp_path / "q.jsonl", QUESTIONS[1:2])
-    [plain] = runner.run(small_config(tmp_path, qfile, "bench.max_new_tokens=2"))
-    [mapped] = runner.run(small_config(tmp_path, qfile, "bench.max_new_tokens=2", "model.device_map=auto"))
+    [plain] = orchestrate.run(small_config(tmp_path, qfile, "bench.max_new_tokens=2"))
+    [mapped] = orchestrate.run(small_config(tmp_path, qfile, "bench.max_new_tokens=2", "model.device_map=auto"))
     assert mapped != plain and answers_of(mapped) == answers_of(plain)
     manifest = json.loads((mapped / "manifest.json").read_text())
     assert manifest["comparison"]["device_map"] == "auto"

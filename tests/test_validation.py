@@ -1,6 +1,6 @@
 """Every option of every config group and every registered method, fuzzed: wrong type, empty, negative, zero, huge.
 
-The options are discovered from the config dataclasses (`evaluation.config.config_groups()` and each registered
+The options are discovered from the config dataclasses (`evaluation.run.config.config_groups()` and each registered
 method's `Config`), so a new option is fuzzed without touching this file. Each value is either refused with one
 line naming the option (by the schema or the config's `check()`, before the model loads) or accepted; an accepted
 value must then really work: the run is prepared on the real model (questions read, model loaded, method built)
@@ -21,11 +21,12 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from evaluation import runner
-from evaluation.config import config_groups
-from evaluation.engine import available_methods, decode_turn, method_class
-from evaluation.errors import HarnessError
-from evaluation.validation import option_error_from_hydra, validate
+from evaluation.run.answerers import build_method, load_target, read_questions
+from evaluation.run.config import config_groups
+from evaluation.catalog import available_methods, method_class
+from evaluation.engine import decode_turn
+from evaluation.engine.errors import HarnessError
+from evaluation.run.validation import option_error_from_hydra, validate
 from tests.conftest import CONF, ROOT
 
 HUGE = "1000000000000"
@@ -134,7 +135,8 @@ def test_every_option_is_refused_in_one_line_or_really_works(setting, lm):
                 if OmegaConf.select(result, f"{group}.{option}") == OmegaConf.select(reference, f"{group}.{option}"):
                     continue  # the value it already had: covered by the method's and the runner's own tests
                 try:
-                    _, built, _, _ = runner.prepare(result)
+                    spec = validate(result)
+                    built = build_method(spec, load_target(spec, read_questions(spec)))
                 except HarnessError as exc:  # refused once read or loaded (a subtask the file lacks): one line
                     if "\n" in str(exc):
                         failures.append(f"{sample}: accepted, then a multi-line error: {exc}")
@@ -190,9 +192,9 @@ def test_hydra_reports_an_unknown_group_option_itself(tmp_path):
 
 
 @pytest.mark.parametrize("command, outputs", [
-    (["-m", "evaluation.figures", "--results", "{tmp}/runs", "--out", "{tmp}/out"], ["table1.md", "breakdown_x.png"]),
+    (["-m", "evaluation.report.figures", "--results", "{tmp}/runs", "--out", "{tmp}/out"], ["table1.md", "breakdown_x.png"]),
     (["-m", "evaluation.report", "--results", "{tmp}/runs", "--out", "{tmp}/out"], ["report.md", "report.csv"]),
-    (["-m", "evaluation.figures", "--results", "{tmp}/ablations/runs", "--out", "{tmp}/out"], ["table1.md"]),
+    (["-m", "evaluation.report.figures", "--results", "{tmp}/ablations/runs", "--out", "{tmp}/out"], ["table1.md"]),
 ])
 def test_reports_and_figures_without_runs_leave_outputs_untouched(tmp_path, command, outputs):
     """A fresh clone has the committed outputs but no saved runs: one line saying what to run, exit status 2."""

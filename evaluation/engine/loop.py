@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from evaluation.engine.budget import DraftBudget
+from evaluation.engine.budget import Budget
 from evaluation.engine.kv_cache import cache_argument, cache_for
 from evaluation.engine.method import DecodeState, Method, StepOutcome
 from evaluation.engine.sampling import Sampler, verify_sampled
@@ -67,7 +67,7 @@ def _forward(model, input_ids, position_ids, attention_mask, cache, logits_to_ke
 
 @torch.inference_mode()
 def decode_turn(lm, method: Method, prompt_ids: list[int], max_new_tokens: int,
-                draft_budget: DraftBudget | None = None, sampler: Sampler | None = None) -> TurnResult:
+                draft_budget: Budget | None = None, sampler: Sampler | None = None) -> TurnResult:
     """Decode one turn of at most `max_new_tokens` tokens with `method` drafting: greedily, or sampling from the
     target's processed distribution with `sampler`. `draft_budget` (`evaluation.engine.budget`) cuts each proposed
     tree to what pays on this machine."""
@@ -95,10 +95,8 @@ def decode_turn(lm, method: Method, prompt_ids: list[int], max_new_tokens: int,
     first_token = sampler.draw(sampler.probabilities(last_logits)) if sampler else int(last_logits.argmax())
     first, stop_reason = cut_chunk([first_token], lm.stop_ids, budget)
     clock.lap("prefill")
-    if hidden:  # a method that reads hidden states also gets the prompt's (e.g. a trained draft's context)
-        method.reset(list(prompt_ids), hidden_states=hidden_states)
-    else:
-        method.reset(list(prompt_ids))
+    # A method that reads hidden states also gets the prompt's (e.g. a trained draft's context).
+    method.reset(list(prompt_ids), hidden_states=hidden_states if hidden else None)
     clock.lap("update")
 
     state = DecodeState(list(prompt_ids) + first, prompt_length, last_logits, budget)

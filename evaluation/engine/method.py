@@ -1,8 +1,9 @@
 """The interface every decoding method implements: draft a tree, then learn from what was accepted.
 
 The decode loop (`evaluation.engine.loop`) owns the model, the cache, verification and timing; a method only
-proposes tokens. A new method is one class registered with `@register_method("name")`, a `Config` dataclass of
-its options (validated against `conf/method/<name>.yaml`), and that YAML file.
+proposes tokens. A new method is one class with a `Config` dataclass of its options, and one YAML file,
+`conf/method/<name>.yaml`, that names the class (`_target_`), says how it shows in tables (`display`) and gives
+the options' values (checked against `Config`).
 """
 
 from __future__ import annotations
@@ -47,31 +48,19 @@ class StepOutcome:
     drafted: bool = True
 
 
-# Method families, in table order.
-FAMILIES = ("baseline", "retrieval", "training-free", "trained draft", "other")
-
-
 @dataclass
 class NoOptions:
     """Options of a method that has none."""
 
     def check(self) -> None:
-        """Ranges and relations of the options; raises `evaluation.errors.OptionError`. Nothing to check here."""
+        """Ranges and relations of the options; raises `evaluation.engine.errors.OptionError`. Nothing to check here."""
 
 
 class Method:
     """Base class of decoding methods. The default drafts nothing, which is vanilla greedy decoding."""
 
-    name: ClassVar[str] = ""
     Config: ClassVar[type] = NoOptions
     needs_hidden_states: ClassVar[bool] = False
-
-    # How the method shows in tables and figures; each method says it of itself, so nothing else needs a list.
-    title: ClassVar[str] = ""  # display name, e.g. "Token Recycling" (default: the registered name)
-    family: ClassVar[str] = "other"  # one of FAMILIES: groups rows in tables
-    table_order: ClassVar[int] = 100  # rows sort by this, then by name: vanilla 0, then each family in turn
-    colour: ClassVar[str] = ""  # matplotlib colour, the same in every figure ("" = one from a spare palette)
-    published_names: ClassVar[tuple[str, ...]] = ()  # its names in ../shared/reference CSVs (e.g. "PLD")
 
     def __init__(self, config, model):
         self.config = config
@@ -82,8 +71,9 @@ class Method:
         """An upper bound on draft plus side nodes per step; the cache reserves that many slots."""
         return 0
 
-    def reset(self, prompt_ids: list[int]) -> None:
-        """Called at the start of every turn with the full prompt (earlier turns included)."""
+    def reset(self, prompt_ids: list[int], hidden_states: torch.Tensor | None = None) -> None:
+        """Called at the start of every turn with the full prompt (earlier turns included), and with the prompt's
+        last-layer hidden states [prompt, hidden] when the method asks for them (`needs_hidden_states`)."""
 
     def draft(self, state: DecodeState) -> DraftTree:
         """Propose the tokens after the pending token `state.tokens[-1]`."""

@@ -110,7 +110,7 @@ def verify_sampled(inputs: TreeInputs, tree_logits: torch.Tensor, sampler: Sampl
 
 
 def verify_token_match(inputs: TreeInputs, tree_logits: torch.Tensor, sampler: Sampler) -> Verdict:
-    """A BIASED rule kept for the tests (REST's sampling, methods.md §6.5): each root-to-leaf row draws its own
+    """A BIASED rule kept for the tests (REST's sampling: docs/methods/rest.md, Sampling): each root-to-leaf row draws its own
     sample at every node and accepts a draft while it equals that row's sample; the first longest row wins. The
     independent draws per row at shared nodes favour deep matches, so the output is not the target's
     distribution: the exactness tests must reject it."""

@@ -225,7 +225,7 @@ def verify_greedy(inputs: TreeInputs, tree_logits: torch.Tensor) -> Verdict:
 
 
 def verify_rows(inputs: TreeInputs, tree_logits: torch.Tensor, rows: list[list[int]]) -> Verdict:
-    """Greedy verification over explicit rows (spec §0 GTV): in each row the longest prefix whose every token
+    """Greedy verification over explicit rows (docs/engine.md, Bookkeeping): in each row the longest prefix whose every token
     equals the target's argmax at the previous entry of the row; the first longest row wins.
 
     When the rows are the tree's root-to-leaf paths this equals `verify_greedy`. Rows that are not parent chains

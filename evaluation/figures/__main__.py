@@ -1,3 +1,0 @@
-from evaluation.figures.build import main
-
-main()

@@ -1,0 +1,3 @@
+from evaluation.report.figures.build import main
+
+main()

@@ -1,0 +1,75 @@
+"""Gumiho's own outputs: the training curve of a committed draft, and our Gumiho/EAGLE-2 rows beside the paper's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from evaluation.report.figures.common import plt
+
+PAPER_TABLES = {"gumiho_main_temp0": 0.0, "gumiho_main_temp1": 1.0}
+PAPER_METHODS = {"Eagle-2": "eagle2", "Gumiho": "gumiho"}
+MEAN = "Mean (6 benchmarks)"
+
+
+def draft_curves(drafts_dir: str | Path) -> dict[str, Path]:
+    """The training curve of every committed draft: {model name: gumiho/drafts/<model>/curve.csv}."""
+    return {path.parent.name: path for path in sorted(Path(drafts_dir).glob("*/curve.csv"))}
+
+
+def plot_training_curve(curve: pd.DataFrame, title: str):
+    """Held-out top-1 accuracy per draft depth against training tokens."""
+    depths = [c for c in curve.columns if c.startswith("acc")]
+    fig, ax = plt.subplots(figsize=(6.4, 4))
+    shown = curve[curve.tokens > 0]
+    cmap = plt.get_cmap("viridis")
+    for i, column in enumerate(depths):
+        ax.plot(shown.tokens, shown[column], marker="o", color=cmap(i / max(len(depths) - 1, 1)),
+                label=f"depth {column[3:]}")
+    ax.set_xlabel("training tokens")
+    ax.set_ylabel("held-out top-1 accuracy")
+    ax.set_ylim(bottom=0)
+    hours = curve.wall_hours.iloc[-1]
+    ax.set_title(f"{title}: {int(curve.tokens.iloc[-1]):,} tokens, {hours:.2f} h of training steps", fontsize=10)
+    ax.legend(fontsize=8, ncol=2)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def paper_rows(published_csv: str | Path) -> pd.DataFrame:
+    """The paper's mean over its six benchmarks for Gumiho and EAGLE-2: one row per model, temperature, method."""
+    table = pd.read_csv(published_csv)
+    table = table[table.table.isin(PAPER_TABLES) & table.method.isin(PAPER_METHODS) & (table.benchmark == MEAN)]
+    rows = table.pivot_table(index=["model", "table", "method"], columns="metric", values="value").reset_index()
+    return pd.DataFrame({
+        "source": "paper (GPU, its own benchmarks)", "model": rows.model,
+        "temperature": rows.table.map(PAPER_TABLES), "method": rows.method.map(PAPER_METHODS),
+        "speedup": rows.get("speedup"), "MAT": rows.get("mean_accepted_tokens")})
+
+
+def our_rows(summary: pd.DataFrame) -> pd.DataFrame:
+    """Our overall Gumiho, Gumiho-FTA and EAGLE-2 rows (mean over repeats), per setting."""
+    if summary.empty:
+        return pd.DataFrame()
+    mine = summary[(summary.subtask == "overall") & summary.method.isin(("gumiho", "eagle2"))]
+    if mine.empty:
+        return pd.DataFrame()
+    grouped = mine.groupby(["setting_title", "method_label", "temperature"], sort=False)
+    rows = grouped[["speedup", "mat"]].mean().reset_index()
+    return pd.DataFrame({"source": "ours: " + rows.setting_title, "model": mine.model.iloc[0],
+                         "temperature": rows.temperature, "method": rows.method_label, "speedup": rows.speedup,
+                         "MAT": rows.mat})
+
+
+def gumiho_table(summary: pd.DataFrame, published_csv: str | Path | None) -> pd.DataFrame:
+    """Ours next to the paper's, Gumiho against EAGLE-2 at each temperature."""
+    parts = [our_rows(summary)]
+    if published_csv is not None and Path(published_csv).is_file():
+        parts.append(paper_rows(published_csv))
+    parts = [p for p in parts if not p.empty]
+    if not parts:
+        return pd.DataFrame()
+    table = pd.concat(parts, ignore_index=True)
+    return table.sort_values(["source", "model", "temperature", "method"], kind="stable", ignore_index=True)

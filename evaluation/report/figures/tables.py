@@ -1,0 +1,124 @@
+"""Table 1 (speedup per subtask, overall MAT and speedup, mean ± sd over repeats) and the published Spec-Bench
+leaderboard rows of the same methods, in Table 1's layout."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from evaluation.catalog import available_methods, method_display
+from evaluation.report.figures.common import ROOT, summarize_settings
+from evaluation.questions import SUBTASK_TITLES, SUBTASKS
+from evaluation.report import method_sort_key
+
+PUBLISHED_TABLES = {"specbench_leaderboard_3090": "RTX 3090", "specbench_leaderboard_A100": "A100"}
+PUBLISHED_MODEL = "Vicuna-7B-v1.3"
+
+TABLE1_SPEEDUP_COLUMNS = [SUBTASK_TITLES[s] for s in SUBTASKS]
+TABLE1_COLUMNS = [*TABLE1_SPEEDUP_COLUMNS, "Overall MAT", "Overall Speedup"]
+
+
+def table1(df: pd.DataFrame) -> pd.DataFrame:
+    """Table 1, one row per (setting, method label): speedup per subtask, overall MAT and speedup.
+
+    Numeric columns hold the mean over repeats; `<column> std` the sample standard deviation over repeats
+    (empty with one repeat); `repeats` how many repeats went in. Rows: settings sorted, methods in fixed order.
+    """
+    summary = summarize_settings(df)
+    if summary.empty:
+        return pd.DataFrame()
+    summary = summary.copy()
+    summary["column"] = summary.subtask.map(lambda s: SUBTASK_TITLES[s] if s != "overall" else "Overall Speedup")
+    mat = summary[summary.subtask == "overall"].assign(column="Overall MAT", speedup=lambda d: d.mat)
+    long = pd.concat([summary, mat], ignore_index=True)
+    grouped = long.groupby(["setting", "method_label", "column"], sort=True).speedup
+    stats = pd.DataFrame({"mean": grouped.mean(), "std": grouped.std(ddof=1)}).reset_index()
+    rows = []
+    for (setting, label), group in stats.groupby(["setting", "method_label"], sort=True):
+        mine = summary[(summary.setting == setting) & (summary.method_label == label)]
+        overall = mine[mine.subtask == "overall"]
+        row = {"setting": setting, "setting_title": mine.setting_title.iloc[0], "model": mine.model.iloc[0],
+               "max_new_tokens": mine.max_new_tokens.iloc[0], "method": mine.method.iloc[0],
+               "method_label": label, "repeats": int(mine.repeat.nunique()),
+               "questions": int(overall.questions.max()) if len(overall) else 0}
+        by_column = group.set_index("column")
+        for column in TABLE1_COLUMNS:
+            row[column] = by_column["mean"].get(column, np.nan)
+        for column in TABLE1_COLUMNS:
+            row[f"{column} std"] = by_column["std"].get(column, np.nan)
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    table["_order"] = [method_sort_key(label, method) for label, method in zip(table.method_label, table.method)]
+    table = table.sort_values(["setting", "_order"], kind="stable").drop(columns="_order").reset_index(drop=True)
+    return table
+
+
+def _cell(mean, std, repeats: int) -> str:
+    if pd.isna(mean):
+        return "–"
+    if repeats > 1 and not pd.isna(std):
+        return f"{mean:.2f} ± {std:.2f}"
+    return f"{mean:.2f}"
+
+
+def table1_display(table: pd.DataFrame, setting: str) -> pd.DataFrame:
+    """The printable Table 1 of one setting: index Method, cells '1.23' or '1.23 ± 0.04' (text)."""
+    rows = table[table.setting == setting]
+    shown = pd.DataFrame(
+        {column: [_cell(r[column], r[f"{column} std"], r.repeats) for _, r in rows.iterrows()]
+         for column in TABLE1_COLUMNS},
+        index=pd.Index(rows.method_label.tolist(), name="Method"))
+    return shown
+
+
+# ---------------------------------------------------------------- published Spec-Bench numbers
+
+
+def default_published_csv() -> Path | None:
+    for candidate in (ROOT / "shared" / "reference" / "specbench_leaderboard.csv",
+                      ROOT.parent / "shared" / "reference" / "specbench_leaderboard.csv"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def load_published(path: str | Path) -> pd.DataFrame:
+    """The reference CSV without `secondary_` tables and without empty values (long format)."""
+    ref = pd.read_csv(path, dtype={"value": "string"}, keep_default_na=False)
+    ref = ref[~ref["table"].str.startswith("secondary_") & (ref["value"].str.strip() != "")].copy()
+    ref["value"] = pd.to_numeric(ref["value"], errors="coerce")
+    return ref[ref["value"].notna()].reset_index(drop=True)
+
+
+def published_table(published: pd.DataFrame, methods=None, model: str = PUBLISHED_MODEL) -> pd.DataFrame:
+    """Spec-Bench leaderboard numbers (current RTX 3090 and A100 tables) for our methods, Table 1's layout.
+
+    `methods`: our method names (default every registered method); vanilla's row is always included. A method's
+    leaderboard names are its class's `published_names`; methods the leaderboard lacks (LogitSpec) are absent.
+    """
+    methods = available_methods() if methods is None else sorted({"vanilla", *methods}, key=method_sort_key)
+    names = {published: m for m in methods for published in method_display(m).published_names}
+    ref = published[published["table"].isin(PUBLISHED_TABLES) & (published["model"] == model)
+                    & published["method"].isin(names)]
+    rows = []
+    for (table_id, method), group in ref.groupby(["table", "method"], sort=True):
+        row = {"source_table": table_id, "device": PUBLISHED_TABLES[table_id], "model": model,
+               "published_method": method, "method": names[method]}
+        for column in TABLE1_COLUMNS:
+            if column == "Overall MAT":
+                sel = group[(group.subtask == "Overall") & (group.metric == "mean_accepted_tokens")]
+            else:
+                subtask = "Overall" if column == "Overall Speedup" else column
+                sel = group[(group.subtask == subtask) & (group.metric == "speedup")]
+            row[column] = sel.value.iloc[0] if len(sel) else np.nan
+        rows.append(row)
+    table = pd.DataFrame(rows, columns=["source_table", "device", "model", "published_method", "method",
+                                        *TABLE1_COLUMNS])
+    if table.empty:
+        return table
+    table["_order"] = [method_sort_key(m) for m in table.method]
+    table["_device"] = [list(PUBLISHED_TABLES).index(t) for t in table.source_table]
+    table = table.sort_values(["_device", "_order"], kind="stable")
+    return table.drop(columns=["_order", "_device"]).reset_index(drop=True)

@@ -1,0 +1,173 @@
+"""Every option is checked before any work: types against the schemas, ranges and relations by each config's
+own `check()`, files and folders for existence. A bad option ends the command with one line naming it, its value
+and what is allowed (exit status 2), before the model loads and before anything is written under `results/`.
+
+`validate(cfg)` is the one entry point; every command that runs calls it first, and it returns the run's typed
+specification (`evaluation.run.spec.RunSpec`). The groups it checks are the dataclass fields of the root `Config`
+plus `EXTRA_GROUPS` (see `evaluation.run.config.config_groups`), and the method's own `Config`. The option checks
+the configs' `check()` methods share are in `evaluation.engine.options`.
+"""
+
+from __future__ import annotations
+
+import re
+import typing
+from dataclasses import fields, is_dataclass
+
+from evaluation.catalog import NOT_OPTIONS, MethodDisplay, catalog, import_class, method_display, unknown_method
+from evaluation.engine.errors import HarnessError, OptionError
+from evaluation.run.config import config_groups
+from evaluation.run.spec import MethodSpec, RunSpec
+
+
+# ----------------------------------------------------------------------------------------------- messages
+def describe_type(annotation) -> str:
+    """What a schema type allows, in words: `Optional[int]` -> "an integer or null"."""
+    if isinstance(annotation, str):
+        return annotation
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Union:
+        rest = [a for a in args if a is not type(None)]
+        words = " or ".join(describe_type(a) for a in rest)
+        return f"{words} or null" if len(rest) < len(args) else words
+    if origin in (list, tuple, typing.List, typing.Tuple):
+        inner = describe_type(args[0]) if args else "anything"
+        return "a list of " + re.sub(r"^an? ", "", inner) + ("s" if not inner.endswith("s") else "")
+    if is_dataclass(annotation):
+        return "a group of options"
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(
+        annotation, getattr(annotation, "__name__", str(annotation)))
+
+
+def _field_type(dataclass_type, key: str):
+    """The annotation of `key` (`a.b[0]` style paths allowed) in `dataclass_type`; None when unknown."""
+    hints = typing.get_type_hints(dataclass_type)
+    name = re.split(r"[.\[]", key, maxsplit=1)[0]
+    annotation = hints.get(name)
+    if annotation is None:
+        return None
+    if "[" in key and typing.get_origin(annotation) in (list, tuple):  # an element of a list
+        return typing.get_args(annotation)[0]
+    if typing.get_origin(annotation) is typing.Union:
+        inner = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if "[" in key and inner and typing.get_origin(inner[0]) in (list, tuple):
+            return typing.get_args(inner[0])[0]
+    return annotation
+
+
+def schema_error(group: str, dataclass_type, exc, label: str | None = None) -> HarnessError:
+    """One-line error for an OmegaConf type or key error inside `group` (`exc.full_key` relative or absolute)."""
+    key = str(getattr(exc, "full_key", "") or getattr(exc, "key", "") or "")
+    if key.startswith(group + "."):
+        key = key[len(group) + 1:]
+    return option_problem(group, dataclass_type, key, getattr(exc, "value", None), label)
+
+
+def option_problem(group: str, dataclass_type, key: str, value=None, label: str | None = None) -> HarnessError:
+    """An unknown option (`key` not in the schema) or a value of the wrong type, as one line."""
+    names = ", ".join(f.name for f in fields(dataclass_type)) or "none"
+    annotation = _field_type(dataclass_type, key) if key else None
+    where = f"{group}.{key}" if key else group
+    if annotation is None:
+        return HarnessError(f"unknown option {where}{f' for {label}' if label else ''} (options: {names})")
+    return OptionError(where, value, describe_type(annotation))
+
+
+def option_error_from_hydra(exc) -> HarnessError | None:
+    """The one-line error for a Hydra composition error about an option's value or name; None for anything else
+    (an unknown config group option, a broken YAML), which Hydra reports itself."""
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
+
+    cause = exc.__cause__
+    if not isinstance(cause, (ValidationError, ConfigKeyError, ConfigAttributeError)):
+        return None
+    full_key = str(getattr(cause, "full_key", "") or "")
+    group = full_key.split(".", 1)[0]
+    groups = config_groups()
+    if group not in groups or "." not in full_key:
+        return None
+    return schema_error(group, groups[group], cause)
+
+
+# ----------------------------------------------------------------------------------------------- the entry point
+def check_config(group: str, config) -> None:
+    """Run `config.check()` and name the option with its group."""
+    check = getattr(config, "check", None)
+    if check is None:
+        return
+    try:
+        check()
+    except OptionError as exc:
+        raise exc.in_group(group) from None
+
+
+def group_config(group: str, dataclass_type, node):
+    """The typed dataclass object of one config group; an option the schema does not know is refused."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    given = OmegaConf.to_container(node, resolve=True) if node is not None else {}
+    unknown = [k for k in given if k not in {f.name for f in fields(dataclass_type)}]
+    if unknown:
+        raise option_problem(group, dataclass_type, unknown[0])
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(dataclass_type), given)
+        return OmegaConf.to_object(merged)
+    except OmegaConfBaseException as exc:
+        raise schema_error(group, dataclass_type, exc) from None
+
+
+def method_options(method_cls, method_cfg, name: str):
+    """The method's options from its YAML, checked against the method's `Config` dataclass (types only; the
+    caller runs its `check()`)."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    given = {k: v for k, v in OmegaConf.to_container(method_cfg, resolve=True).items() if k not in NOT_OPTIONS}
+    known = {f.name for f in fields(method_cls.Config)}
+    label = f"method {name!r}"
+    for key in given:
+        if key not in known:
+            raise option_problem("method", method_cls.Config, key, label=label)
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(method_cls.Config), given)
+    except OmegaConfBaseException as exc:
+        raise schema_error("method", method_cls.Config, exc, label) from None
+    return OmegaConf.to_object(merged)
+
+
+def method_spec(method_cfg) -> MethodSpec:
+    """The method a config names: its class (`_target_`, else the catalog's entry of that name), its options
+    checked against the class's `Config`, and how it shows (its `display`, else the catalog's)."""
+    from omegaconf import OmegaConf
+
+    name = method_cfg.get("name")
+    if not name:
+        raise HarnessError("method: the config names no method (give method=<name>)")
+    target = method_cfg.get("_target_")
+    if target is not None:
+        cls = import_class(str(target), name)
+    elif name in catalog():
+        cls = import_class(catalog()[name].target, name)
+    else:
+        raise unknown_method(name)
+    display = method_cfg.get("display")
+    display = MethodDisplay.from_config(name, OmegaConf.to_container(display, resolve=True)) if display is not None \
+        else method_display(name)
+    options = method_options(cls, method_cfg, name)
+    check_config("method", options)
+    return MethodSpec(name=name, cls=cls, options=options, display=display)
+
+
+def validate(cfg) -> RunSpec:
+    """Check every option of `cfg` (all groups and the method's) and return the run's specification.
+
+    Raises `HarnessError` (an `OptionError` for a value) with a one-line message. Loads no model, writes nothing.
+    """
+    groups = {group: group_config(group, dataclass_type, cfg.get(group))
+              for group, dataclass_type in config_groups().items()}
+    for group, config in groups.items():
+        check_config(group, config)
+    method = method_spec(cfg.method)
+    return RunSpec(config=cfg, model=groups["model"], bench=groups["bench"], run=groups["run"],
+                   paths=groups["paths"], method=method)

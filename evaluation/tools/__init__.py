@@ -1,0 +1,1 @@
+"""Standalone commands: benchmarks, checks, data and bundles."""

@@ -1,0 +1,39 @@
+"""Train a Gumiho draft for a target: `python -m evaluation.tools.train_gumiho model=<model> [train=<recipe>]
+[train.key=value ...]` (`make train-gumiho`). The recipe and the trainer are in `gumiho/train.py`; a rerun resumes."""
+
+from __future__ import annotations
+
+import json
+
+import hydra
+from omegaconf import OmegaConf
+
+from evaluation.engine.errors import HarnessError
+from gumiho.train import Trainer, options_from
+
+
+def train(cfg) -> dict:
+    from evaluation.run.config import ModelConfig
+    from evaluation.models import load_model
+
+    options = options_from(cfg.train)
+    model_cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), cfg.model))
+    model_cfg.dtype = "float32"  # the target's weights stay float32; `train.dtype` sets the autocast
+    lm = load_model(model_cfg, options.device)
+    return Trainer(lm, options, model_cfg.name).run()
+
+
+@hydra.main(version_base="1.3", config_path="../../conf", config_name="train_config")
+def main(cfg) -> None:
+    try:
+        row = train(cfg)
+    except HarnessError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    print(json.dumps(row))
+
+
+if __name__ == "__main__":
+    from evaluation.versions import require_supported_environment
+
+    require_supported_environment()
+    main()

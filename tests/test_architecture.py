@@ -1,0 +1,153 @@
+"""The house's rules, read from the sources: no import circle, and no import that runs back up the layers.
+
+Layers, bottom up: the engine (a library: torch, transformers and itself), the shared modules (the method catalog,
+models, questions, templates, files, provenance, versions), the methods (`baselines`, `logitspec`, `gumiho`), the
+report and figures, the run path (`evaluation.run`), the standalone commands (`evaluation.tools`). A module may
+import its own layer and those below. Every import counts, at the top of a file or inside a function.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("evaluation", "baselines", "logitspec", "gumiho")
+LAYERS = ("engine", "shared", "methods", "report", "run", "tools")
+
+
+def layer(module: str) -> str:
+    parts = module.split(".")
+    if parts[0] in ("baselines", "logitspec", "gumiho"):
+        return "methods"
+    if len(parts) > 1 and parts[1] in ("engine", "report", "run", "tools"):
+        return parts[1]
+    return "shared"  # evaluation itself and its top-level modules
+
+
+def project_modules(root: Path = ROOT) -> dict[str, Path]:
+    modules = {}
+    for package in PACKAGES:
+        for path in (root / package).rglob("*.py"):
+            parts = path.relative_to(root).with_suffix("").parts
+            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
+
+
+def imports_of(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The project modules `module` imports (the longest known prefix of each imported name)."""
+    names = set()
+    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package[: len(package) - node.level + 1] + ([base] if base else []))
+            names.add(base)
+            names.update(f"{base}.{alias.name}" for alias in node.names)
+    found = set()
+    for name in names:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        if name and name != module:
+            found.add(name)
+    return found
+
+
+def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    modules = project_modules(root)
+    return {module: imports_of(module, path, modules) for module, path in modules.items()}
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    sys.setrecursionlimit(10000)
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{m} ({layer(m)}) imports {t} ({layer(t)})" for m, targets in graph.items() for t in targets
+                  if LAYERS.index(layer(t)) > LAYERS.index(layer(m)))
+
+
+def test_no_import_circle():
+    assert circles(import_graph()) == []
+
+
+def test_no_import_runs_back_up():
+    assert upward_imports(import_graph()) == []
+
+
+def test_the_rules_catch_a_circle_and_an_upward_import(tmp_path):
+    """The scan itself: a planted circle and an engine module reaching into the run path are both found."""
+    for package, files in {"evaluation": {"__init__.py": "", "models.py": "from evaluation import questions\n",
+                                          "questions.py": "def f():\n    from evaluation.models import x\n"},
+                           "evaluation/engine": {"__init__.py": "", "loop.py": "import evaluation.run.answer\n"},
+                           "evaluation/run": {"__init__.py": "", "answer.py": "from ..engine import loop\n"}}.items():
+        (tmp_path / package).mkdir(parents=True, exist_ok=True)
+        for name, text in files.items():
+            (tmp_path / package / name).write_text(text)
+    graph = import_graph(tmp_path)
+    assert sorted(map(tuple, circles(graph))) == [("evaluation.engine.loop", "evaluation.run.answer"),
+                                                  ("evaluation.models", "evaluation.questions")]
+    assert upward_imports(graph) == ["evaluation.engine.loop (engine) imports evaluation.run.answer (run)"]
+
+
+def test_the_engine_imports_only_itself_torch_and_transformers():
+    graph = import_graph()
+    outside = {m: sorted(t for t in targets if layer(t) != "engine")
+               for m, targets in graph.items() if layer(m) == "engine"}
+    assert {m: t for m, t in outside.items() if t} == {}
+    third_party = set()
+    for module, path in project_modules().items():
+        if layer(module) != "engine":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                third_party.update(a.name.split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                third_party.add((node.module or "").split(".")[0])
+    allowed = {"torch", "transformers", "numpy", "pandas", "evaluation", "__future__"} | set(sys.stdlib_module_names)
+    assert third_party - allowed == set()
+
+
+@pytest.mark.parametrize("command", ["import evaluation.report, evaluation.report.figures, evaluation.catalog",
+                                     "from evaluation.catalog import catalog; catalog()"])
+def test_the_report_imports_neither_torch_nor_a_method(command):
+    code = (f"import sys; {command}; "
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'baselines', "
+            "'logitspec', 'gumiho')); print(','.join(bad))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
