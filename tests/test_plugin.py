@@ -88,6 +88,7 @@ def test_a_method_in_its_own_module_and_yaml_runs_and_shows_in_the_report(tmp_pa
     assert done.returncode == 0, done.stderr[-2000:]
     report = (tmp_path / "out" / "report.md").read_text()
     assert "| repeat-last | Repeat the last token | training-free |" in report
+    assert "Machine: " in report and "torch threads; torch " in report and "; commit " in report
     speedup_rows = [line.split("|")[1].strip() for line in report.split("**Speedup over vanilla")[1].split("\n\n")[1]
                     .splitlines()[2:]]
     assert speedup_rows == ["vanilla", "repeat-last,length=2"]  # the label names the option its YAML changed

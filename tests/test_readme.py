@@ -111,3 +111,13 @@ def test_the_quick_start_run_command_runs(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert "Answers:" in done.stdout and "Speedup" not in done.stdout  # no vanilla run yet: nothing to compare
     assert len(list(tmp_path.glob("smollm2-135m/logitspec-*/answers.jsonl"))) == 1
+
+
+def test_every_relative_link_of_the_docs_resolves():
+    pages = [README, *sorted((ROOT / "docs").rglob("*.md")), ROOT / "results" / "README.md"]
+    broken = []
+    for page in pages:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text(encoding="utf-8")):
+            if not re.match(r"[a-z]+://", target) and not (page.parent / target).exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+    assert broken == []

@@ -116,6 +116,32 @@ def _load_folder(results_dir: str | Path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def provenance(run_dirs) -> str:
+    """Where the runs `run_dirs` came from, as their manifests recorded it: the processor, torch threads, library
+    versions and commit(s), one line (the report writes it under each comparison, so no table is copied by hand)."""
+    seen: dict[str, set] = {"processor": set(), "threads": set(), "torch": set(), "transformers": set(),
+                            "commit": set(), "schedule": set()}
+    for run_dir in sorted(set(run_dirs)):
+        try:
+            manifest = json.loads((Path(run_dir) / "manifest.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        env = manifest.get("environment") or {}
+        packages = env.get("packages") or {}
+        seen["processor"].add(env.get("gpu") or env.get("cpu") or "unknown")
+        seen["threads"].add(str(env.get("torch_threads", "?")))
+        seen["torch"].add(str(packages.get("torch")))
+        seen["transformers"].add(str(packages.get("transformers")))
+        commit = str(env.get("git_commit") or "unknown")[:7]
+        seen["commit"].add(commit + ("+uncommitted changes" if env.get("git_dirty") else ""))
+        seen["schedule"].add("interleaved per question" if "schedule" in manifest.get("comparison", {})
+                             else "one method after another")
+    def words(key):
+        return ", ".join(sorted(seen[key])) or "unknown"
+    return (f"Machine: {words('processor')}, {words('threads')} torch threads; torch {words('torch')}, "
+            f"transformers {words('transformers')}; commit {words('commit')}; {words('schedule')}.")
+
+
 def _subtask(category: str) -> str:
     return "mt_bench" if category in MT_BENCH_CATEGORIES else category
 
@@ -193,7 +219,7 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
                              "method_label": label, "subtask": subtask, "max_new_tokens": runs.max_new_tokens.iloc[0],
                              "temperature": runs.temperature.iloc[0],
                              "interleaved": bool(runs.get("interleaved", pd.Series([False])).iloc[0]),
-                             "repeat": runs.repeat.iloc[0], **_stats(sel, ref)})
+                             "repeat": runs.repeat.iloc[0], "run_dir": runs.run_dir.iloc[0], **_stats(sel, ref)})
     return pd.DataFrame(rows)
 
 
@@ -280,6 +306,8 @@ def to_markdown(summary: pd.DataFrame, lossless: pd.DataFrame, errors: pd.DataFr
         first = group.iloc[0]
         lines += [f"## {first['model']}, max_new_tokens={first['max_new_tokens']}{_sampling(first)}, repeat "
                   f"{first['repeat'] + 1} (comparison {key})", ""]
+        if "run_dir" in group:
+            lines += [provenance(group.run_dir), ""]
         subtasks = [s for s in ORDER if s in set(group.subtask)]
         methods = _method_order(group.method_label.unique())
         for metric, title in (("speedup", "Speedup over vanilla (mean tokens/s ratio, Spec-Bench)"),

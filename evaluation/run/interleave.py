@@ -141,7 +141,8 @@ def interleave(specs: list[str], common: list[str]) -> list[Path]:
             else:
                 progress.set_total(progress.bar.n + left)
             for cell, run in zip(cells, runs):
-                if run.todo:
+                if run.todo and first.bench.warmup:
+                    progress.note(f"warming up {cell.label}")
                     cell.answerer.warm_up(questions[0])
             for number, question in enumerate(questions):
                 for i in turn_order(len(cells), first.run.seed, repeat, number):

@@ -36,6 +36,10 @@ class Progress:
         self.bar.update(1)
         self.bar.set_postfix(**({"method": label} if label else {}), **rates)
 
+    def note(self, text: str) -> None:
+        """Say what is happening before the next answer (e.g. a method's untimed warm-up)."""
+        self.bar.set_postfix_str(text)
+
     def set_total(self, total: int) -> None:
         self.bar.total = total
         self.bar.refresh()
@@ -48,8 +52,10 @@ def answer_into(spec, answerer, run, questions, desc: str) -> None:
     """Answer what `run` still lacks with `answerer`, one whole line at a time."""
     if not run.todo:
         return
-    answerer.warm_up(questions[0])
     progress = Progress(len(run.todo), desc, spec.run.progress)
+    if spec.bench.warmup:
+        progress.note("warming up")
+    answerer.warm_up(questions[0])
     for record in answerer.answers(run.todo):
         run.append(record)
         progress.advance(record)

@@ -71,7 +71,7 @@ def build_all(results_dir: str | Path | list[str | Path], out_dir: str | Path,
             shown = table1_display(table, setting)
             heading = (f"{rows.setting_title.iloc[0]}, {rows.questions.max()} questions, "
                        f"{rows.repeats.max()} repeat{'s' if rows.repeats.max() != 1 else ''} (setting {setting})")
-            md += [f"### {heading}", "", _markdown(shown), ""]
+            md += [f"### {heading}", "", report.provenance(df[df.setting == setting].run_dir), "", _markdown(shown), ""]
             tex += [f"% setting {setting}",
                     _latex(shown, f"Speedup and MAT over vanilla: {heading}.", f"tab:table1-{setting}"), ""]
         write_text(out / "table1.tex", "\n".join(tex))
