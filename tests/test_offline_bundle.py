@@ -58,7 +58,7 @@ def test_a_corrupt_or_missing_part_is_refused_with_one_line(tmp_path):
     assert not out.exists() and not list(tmp_path.glob("joined.bin.tmp*"))  # nothing half-written
     # The same through the command line install.sh uses: one line on stderr, exit status 2.
     (bundle / "MANIFEST.json").write_text(json.dumps({"files": [entry]}))
-    process = subprocess.run([sys.executable, str(ROOT / "evaluation" / "offline_bundle.py"), "join", str(bundle),
+    process = subprocess.run([sys.executable, str(ROOT / "evaluation" / "tools" / "offline_bundle.py"), "join", str(bundle),
                               entry["path"], str(out)], capture_output=True, text=True)
     assert process.returncode == 2
     assert process.stderr.count("\n") == 1 and process.stderr.startswith("error: model/big.bin.part001: sha256")
@@ -150,8 +150,9 @@ def test_a_real_bundle_installs_offline_into_a_bare_venv_twice(tmp_path):
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     python = str(venv / "bin" / "python")
     repo = tmp_path / "repo"
-    (repo / "evaluation").mkdir(parents=True)
-    for name in ("run.py", "evaluation/__init__.py", "evaluation/tools/data.py", "evaluation/models.py"):
+    (repo / "evaluation" / "tools").mkdir(parents=True)
+    for name in ("run.py", "evaluation/__init__.py", "evaluation/tools/__init__.py", "evaluation/tools/data.py",
+                 "evaluation/models.py"):
         shutil.copyfile(ROOT / name, repo / name)
     env = {**os.environ, "PYTHON": python, "REPO": str(repo), "STEPS": "wheels model data"}
 

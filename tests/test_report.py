@@ -138,3 +138,21 @@ def test_several_folders_compare_each_method_with_its_own_vanilla(tmp_path):
     assert tests.mean_speedup_per_question.tolist() == pytest.approx([2.0, 2.0], rel=0.02)
     summary, markdown = report.build([tmp_path / "first", tmp_path / "second"], tmp_path / "out")
     assert "fast,auto" in markdown and "fast,off" in markdown
+
+
+def test_building_the_report_and_figures_imports_neither_torch_nor_a_method(toy_results):
+    """The report and figures read saved runs only: they run where torch and the methods are not installed."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    code = ("import sys\nfrom evaluation import report\nfrom evaluation.report import figures\n"
+            f"report.main(['--results', {str(toy_results / 'runs')!r}, '--out', {str(toy_results / 'out')!r}])\n"
+            f"figures.build_all({str(toy_results / 'runs')!r}, {str(toy_results / 'figs')!r})\n"
+            "loaded = sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'transformers', 'baselines', "
+            "'logitspec', 'gumiho', 'hydra'})\nprint('LOADED', ','.join(loaded))\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (toy_results / "out" / "report.md").is_file()
+    assert done.stdout.strip().splitlines()[-1] == "LOADED"

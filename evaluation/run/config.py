@@ -1,7 +1,7 @@
 """Typed configuration schemas. Hydra validates `conf/` against them: wrong types and unknown keys fail early.
 
-Method options are validated separately against each method's own `Config` dataclass (see `method_options`),
-because every method has different ones. Each dataclass's `check()` validates ranges, relations and paths; see
+Method options are validated separately against each method's own `Config` dataclass (see
+`evaluation.run.validation.method_spec`), because every method has different ones. Each dataclass's `check()` validates ranges, relations and paths; see
 `evaluation.run.validation`, which runs them all before the model loads.
 """
 
@@ -173,7 +173,7 @@ class PathsConfig:
 @dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
-    method: Any = MISSING  # {"name": ..., options...}; validated by method_options()
+    method: Any = MISSING  # {"name": ..., options...}; validated by evaluation.run.validation.method_spec()
     bench: BenchConfig = field(default_factory=BenchConfig)
     run: RunConfig = field(default_factory=RunConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)

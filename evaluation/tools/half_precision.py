@@ -106,11 +106,10 @@ def compose_config(*overrides: str):
 
 def build_method(lm, config_name: str, **options):
     """The method of conf/method/<config_name>.yaml on `lm`, with `options` replacing some of its defaults."""
-    from evaluation.run.config import method_options
+    from evaluation.run.validation import method_spec
 
-    cfg = compose_config(f"method={config_name}").method
-    cls = method_class(cfg.name)
-    return cls(dataclasses.replace(method_options(cls, cfg), **options), lm)
+    spec = method_spec(compose_config(f"method={config_name}").method)
+    return spec.cls(dataclasses.replace(spec.options, **options), lm)
 
 
 def lossless_by_design(method) -> bool:
@@ -205,7 +204,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default="results/engine")
     args = parser.parse_args(argv)
     from evaluation.models import load_model
-    from evaluation.run.orchestrate import environment
+    from evaluation.provenance import environment
 
     cfg = compose_config(f"model.dtype={args.dtype}", "run.device=cpu")
     lm = load_model(cfg.model, "cpu")

@@ -398,7 +398,7 @@ def fetch_single_wheel(spec: str, dest: Path, given: str | None) -> Path:
 
 
 def build_data(out: Path) -> dict:
-    from evaluation import data
+    from evaluation.tools import data
 
     repo_data = ROOT / "data"
     complete = all((repo_data / name / "question.jsonl").is_file() for name in data.QUESTION_SETS)
