@@ -107,7 +107,7 @@ ablations: setup data  ## [~45 min] LogitSpec ablation sweeps (conf/experiment/a
 exactness: setup  ## [~3 min] goodness-of-fit of every method's sampled output (results/sampling/exactness.csv)
 	$(PY) -m evaluation.tools.exactness
 
-bench-engine: setup  ## [~5 min] forward latency against new tokens, and our vanilla loop against generate()
+bench-engine: setup  ## [~1 min] forward latency against new tokens, and our vanilla loop against generate()
 	$(PY) -m evaluation.tools.bench_engine
 
 # A machine with a GPU: the lossless tests on CUDA in float32, a float16 benchmark slice with its match rate and the
@@ -124,10 +124,10 @@ PART_MB       ?= 60
 offline-bundle: setup data  ## [~5 min] the folder to copy to an offline node: wheels, data, model, REST datastore
 	$(PY) -m evaluation.tools.offline_bundle --out $(BUNDLE) --python-version $(BUNDLE_PYTHON) --part-mb $(PART_MB)
 
-offline-check:  ## [~10 min] CI's offline-node check: a fresh venv, transformers 5.17 and the bundle only
+offline-check:  ## [~8 min] CI's offline-node check: a fresh venv, transformers 5.17 and the bundle only
 	bash .ci/offline-check
 
-half-precision: setup data  ## [~5 min] every method in bfloat16 on the CPU against bfloat16 vanilla (results/engine)
+half-precision: setup data  ## [~4 min] every method in bfloat16 on the CPU against bfloat16 vanilla (results/engine)
 	$(PY) -m evaluation.tools.half_precision
 
 results-page:  ## [seconds] refresh the tables docs/results.md copies from results/ (--check: only compare)
