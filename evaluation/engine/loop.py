@@ -35,6 +35,8 @@ class TurnResult:
     proposed_nodes: list[int] = field(default_factory=list)  # draft nodes the method proposed, per decode step
     verified_nodes: list[int] = field(default_factory=list)  # draft nodes verified (after the draft budget)
     draft_detail: dict[str, float] = field(default_factory=dict)  # seconds of the method's drafting sub-parts
+    # With `record_margins`: per new token, the target's top-1 minus top-2 logit where it chose it (how near a tie)
+    margins: list[float] = field(default_factory=list)
 
     @property
     def steps(self) -> int:
@@ -49,6 +51,12 @@ def cut_chunk(chunk: list[int], stop_ids: frozenset[int], room: int) -> tuple[li
     if len(chunk) >= room:
         return chunk[:room], "max_new_tokens"
     return chunk, ""
+
+
+def top2_margins(logits: torch.Tensor) -> list[float]:
+    """Top-1 minus top-2 logit of each row: how near a tie each greedy choice was."""
+    top = logits.float().topk(2, dim=-1).values
+    return (top[..., 0] - top[..., 1]).tolist()
 
 
 def _forward(model, input_ids, position_ids, attention_mask, cache, logits_to_keep, hidden):
@@ -67,10 +75,12 @@ def _forward(model, input_ids, position_ids, attention_mask, cache, logits_to_ke
 
 @torch.inference_mode()
 def decode_turn(lm, method: Method, prompt_ids: list[int], max_new_tokens: int,
-                draft_budget: Budget | None = None, sampler: Sampler | None = None) -> TurnResult:
+                draft_budget: Budget | None = None, sampler: Sampler | None = None,
+                record_margins: bool = False) -> TurnResult:
     """Decode one turn of at most `max_new_tokens` tokens with `method` drafting: greedily, or sampling from the
     target's processed distribution with `sampler`. `draft_budget` (`evaluation.engine.budget`) cuts each proposed
-    tree to what pays on this machine."""
+    tree to what pays on this machine. `record_margins` keeps each new token's top-2 logit margin (reduced
+    precision: where a method's output may differ from vanilla's, how near a tie it was)."""
     model, device, dtype = lm.model, lm.device, lm.dtype
     prompt_length = len(prompt_ids)
     budget = min(max_new_tokens, lm.max_context - prompt_length)
@@ -94,6 +104,7 @@ def decode_turn(lm, method: Method, prompt_ids: list[int], max_new_tokens: int,
     last_logits = logits[-1]
     first_token = sampler.draw(sampler.probabilities(last_logits)) if sampler else int(last_logits.argmax())
     first, stop_reason = cut_chunk([first_token], lm.stop_ids, budget)
+    margins = top2_margins(last_logits[None]) if record_margins else []
     clock.lap("prefill")
     # A method that reads hidden states also gets the prompt's (e.g. a trained draft's context).
     method.reset(list(prompt_ids), hidden_states=hidden_states if hidden else None)
@@ -137,6 +148,8 @@ def decode_turn(lm, method: Method, prompt_ids: list[int], max_new_tokens: int,
         committed, stop_reason = cut_chunk(
             verdict.accepted_tokens + [verdict.bonus], lm.stop_ids, budget - state.generated
         )
+        if record_margins:  # the row of path node j chose committed token j
+            margins.extend(top2_margins(tree_logits[verdict.path[: len(committed)]]))
         clock.lap("verify")
         # 5. keep the keys/values of the pending token and the accepted drafts
         cache.commit(cache_length, verdict.path)
@@ -179,4 +192,5 @@ def decode_turn(lm, method: Method, prompt_ids: list[int], max_new_tokens: int,
         proposed_nodes=proposed_nodes,
         verified_nodes=verified_nodes,
         draft_detail=method.draft_detail(),
+        margins=margins,
     )

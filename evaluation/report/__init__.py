@@ -89,6 +89,8 @@ def _load_folder(results_dir: str | Path) -> pd.DataFrame:
                 "max_new_tokens": manifest["comparison"].get("max_new_tokens"),
                 "temperature": (manifest["comparison"].get("sampling") or {}).get("temperature", 0.0),
                 "interleaved": "schedule" in manifest["comparison"],  # evaluation.run.interleave: methods in turn
+                "dtype": manifest["comparison"].get("dtype", ""),
+                "prepacked": bool(manifest["comparison"].get("cpu_prepack")),
                 "question_id": record["question_id"],
                 "subtask": record.get("subtask") or _subtask(record.get("category", "")),
                 "status": record.get("status", "ok"),
@@ -102,6 +104,7 @@ def _load_folder(results_dir: str | Path) -> pd.DataFrame:
                     steps=sum(choice["decoding_steps"]),
                     accept_lengths=choice["accept_lengths"],
                     token_ids=choice["token_ids"],
+                    margins=choice.get("margins"),  # reduced-precision greedy runs: per turn, per token
                     # decode steps only (each turn's prefill step drafts nothing); absent in older runs
                     decode_steps=sum(choice["decoding_steps"]) - len(choice["decoding_steps"]),
                     proposed_nodes=sum(choice["proposed_nodes"]) if "proposed_nodes" in choice else np.nan,
@@ -166,12 +169,24 @@ def lossless_table(df: pd.DataFrame) -> pd.DataFrame:
         for _, row in group[group.method != "vanilla"].iterrows():
             if row.question_id not in vanilla.index:
                 continue
-            diff = first_difference(row.token_ids, vanilla.loc[row.question_id, "token_ids"])
+            reference = vanilla.loc[row.question_id]
+            diff = first_difference(row.token_ids, reference.token_ids)
             rows.append({"comparison_key": key, "model": row.model, "method_label": row.method_label,
                          "question_id": row.question_id, "subtask": row.subtask, "equal": diff is None,
                          "first_diff_turn": None if diff is None else diff[0],
-                         "first_diff_position": None if diff is None else diff[1]})
+                         "first_diff_position": None if diff is None else diff[1],
+                         # reduced precision: how near a tie each side's choice was where they first differ
+                         "reduced_precision": isinstance(reference.get("margins"), list),
+                         "vanilla_margin": margin_at(reference.get("margins"), diff),
+                         "method_margin": margin_at(row.get("margins"), diff)})
     return pd.DataFrame(rows)
+
+
+def margin_at(margins, diff: tuple[int, int] | None) -> float | None:
+    """The recorded top-2 margin at (turn, position), when the run recorded margins and reached that token."""
+    if diff is None or not isinstance(margins, list) or diff[0] >= len(margins) or diff[1] >= len(margins[diff[0]]):
+        return None
+    return margins[diff[0]][diff[1]]
 
 
 def _stats(rows: pd.DataFrame, base: pd.DataFrame) -> dict:
@@ -219,6 +234,8 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
                              "method_label": label, "subtask": subtask, "max_new_tokens": runs.max_new_tokens.iloc[0],
                              "temperature": runs.temperature.iloc[0],
                              "interleaved": bool(runs.get("interleaved", pd.Series([False])).iloc[0]),
+                             "dtype": runs.get("dtype", pd.Series([""])).iloc[0],
+                             "prepacked": bool(runs.get("prepacked", pd.Series([False])).iloc[0]),
                              "repeat": runs.repeat.iloc[0], "run_dir": runs.run_dir.iloc[0], **_stats(sel, ref)})
     return pd.DataFrame(rows)
 
@@ -304,8 +321,10 @@ def to_markdown(summary: pd.DataFrame, lossless: pd.DataFrame, errors: pd.DataFr
     in_order = summary.sort_values(["model", "setting_key", "repeat"], kind="stable")
     for key, group in in_order.groupby("comparison_key", sort=False):
         first = group.iloc[0]
-        lines += [f"## {first['model']}, max_new_tokens={first['max_new_tokens']}{_sampling(first)}, repeat "
-                  f"{first['repeat'] + 1} (comparison {key})", ""]
+        precision = f", {first['dtype']}" if first.get("dtype") else ""
+        precision += ", prepacked" if first.get("prepacked") else ""
+        lines += [f"## {first['model']}{precision}, max_new_tokens={first['max_new_tokens']}{_sampling(first)}, "
+                  f"repeat {first['repeat'] + 1} (comparison {key})", ""]
         if "run_dir" in group:
             lines += [provenance(group.run_dir), ""]
         subtasks = [s for s in ORDER if s in set(group.subtask)]
@@ -335,9 +354,12 @@ def to_markdown(summary: pd.DataFrame, lossless: pd.DataFrame, errors: pd.DataFr
             detail["lossless"] = [SAMPLED_CHECK if m != "vanilla" and not m.startswith("vanilla,") else "ref"
                                   for m in methods]
         elif not lossless.empty:
-            mine = lossless[lossless.comparison_key == key].groupby("method_label").equal
-            detail["lossless"] = [f"{int(mine.sum()[m])}/{int(mine.count()[m])}" if m in mine.groups else "ref"
-                                  for m in methods]
+            here = lossless[lossless.comparison_key == key]
+            mine = here.groupby("method_label").equal
+            # In reduced precision equality is a match rate, not a proof: a near-tie may flip (margins below)
+            column = "matches vanilla (reduced precision)" if here.reduced_precision.any() else "lossless"
+            detail[column] = [f"{int(mine.sum()[m])}/{int(mine.count()[m])}" if m in mine.groups else "ref"
+                              for m in methods]
         lines += ["**Overall detail: throughput, MAT, draft nodes per decode step (proposed by the method, verified "
                   "after the draft budget), share of wall time per part, losslessness**", "",
                   detail.to_markdown(floatfmt=".1f"), ""]
@@ -354,8 +376,11 @@ def to_markdown(summary: pd.DataFrame, lossless: pd.DataFrame, errors: pd.DataFr
         if not lossless.empty:
             diffs = lossless[(lossless.comparison_key == key) & ~lossless.equal]
             for _, d in diffs.iterrows():
+                margins = ("" if pd.isna(d.vanilla_margin) else
+                           f" (top-2 margin there: vanilla {d.vanilla_margin:.3f}, this method "
+                           + ("-" if pd.isna(d.method_margin) else f"{d.method_margin:.3f}") + ")")
                 lines.append(f"- {d.method_label}: question {d.question_id} first differs from vanilla at turn "
-                             f"{int(d.first_diff_turn) + 1}, token {int(d.first_diff_position)}")
+                             f"{int(d.first_diff_turn) + 1}, token {int(d.first_diff_position)}{margins}")
             if not diffs.empty:
                 lines.append("")
     names = sorted(set(summary.method), key=lambda name: method_sort_key(name))

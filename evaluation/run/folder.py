@@ -74,6 +74,8 @@ def run_identity(spec, model, question_sha: str, repeat: int, schedule: dict | N
     device_map = spec.model.device_map
     if device_map is not None:  # a model split over GPUs times differently; unsplit runs keep their identity
         comparison["device_map"] = OmegaConf.to_container(device_map) if OmegaConf.is_config(device_map) else device_map
+    if getattr(model, "prepacked", False):  # other kernels time differently; plain runs keep their identity
+        comparison["cpu_prepack"] = True
     if schedule is not None:
         comparison["schedule"] = schedule
     run = {**comparison, "method": spec.method.name, "options": asdict(spec.method.options)}

@@ -22,7 +22,7 @@ from types import SimpleNamespace
 import torch
 
 from evaluation.engine.errors import HarnessError
-from evaluation.models import model_directory, resolve_dtype
+from evaluation.models import model_directory, prepacks, resolve_dtype
 from evaluation.provenance import environment
 from evaluation.run.answer import one_line
 from evaluation.run.answerers import InProcess, load_target
@@ -70,6 +70,7 @@ class Worker:
             "torch_threads": torch.get_num_threads(),
             "source": lm.source,
             "dtype": str(lm.dtype).replace("torch.", ""),
+            "prepacked": lm.prepacked,
             "latency_source": self.here.latency_source,
             "environment": env,
         }
@@ -109,8 +110,9 @@ class RayWorkers:
         self.threads = spec.run.cpus_per_worker or 1
         # The run's identity comes from what the workers will load, known before any of them starts, so a finished
         # run is recognised without loading a model; `start` checks that the workers agree.
-        self.model = SimpleNamespace(source=model_directory(spec.model), dtype=resolve_dtype(spec.model.dtype, device),
-                                     device=device)
+        dtype = resolve_dtype(spec.model.dtype, device)
+        self.model = SimpleNamespace(source=model_directory(spec.model), dtype=dtype, device=device,
+                                     prepacked=prepacks(spec.model, device, dtype))
         self.actors: list = []
         self.described: list[dict] = []
 
@@ -130,8 +132,9 @@ class RayWorkers:
         for worker in described:
             if "error" in worker:
                 raise HarnessError(worker["error"])
-            found = (worker["source"], worker["dtype"], torch.device(worker["device"]).type)
-            expected = (self.model.source, str(self.model.dtype).replace("torch.", ""), self.model.device.type)
+            found = (worker["source"], worker["dtype"], torch.device(worker["device"]).type, worker["prepacked"])
+            expected = (self.model.source, str(self.model.dtype).replace("torch.", ""), self.model.device.type,
+                        self.model.prepacked)
             if found != expected:
                 raise HarnessError(f"worker {worker['index']} on {worker['host']} loaded {found}, this process "
                                    f"expects {expected}: every node needs the same model path and cache folder")

@@ -128,10 +128,12 @@ def check_curve_table(table: pd.DataFrame) -> str:
 
 
 def calibration_key(lm) -> str:
-    """What the forward time depends on: model, device, dtype, threads and library versions."""
+    """What the forward time depends on: model, device, dtype, kernels, threads and library versions."""
     key = {"model": lm.source, "dtype": str(lm.dtype), "device": lm.device.type,
            "device_name": processor_name(lm.device), "threads": torch.get_num_threads(),
            "torch": torch.__version__, "widths": CALIBRATION_WIDTHS}
+    if getattr(lm, "prepacked", False):  # only when set, so the curves cached before the option keep their key
+        key["prepacked"] = True
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
