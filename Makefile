@@ -107,7 +107,7 @@ ablations: setup data  ## [~45 min] LogitSpec ablation sweeps (conf/experiment/a
 exactness: setup  ## [~3 min] goodness-of-fit of every method's sampled output (results/sampling/exactness.csv)
 	$(PY) -m evaluation.tools.exactness
 
-bench-engine: setup  ## [~3 min] forward latency against new tokens, our vanilla loop against generate(), and on a CPU each kernel path (float32/bfloat16, prepacked or not, 1 and all threads)
+bench-engine: setup  ## [~6 min] forward latency against new tokens, our vanilla loop against generate(), and on a CPU each kernel path (float32/bfloat16, prepacked or not, 1 and all threads)
 	$(PY) -m evaluation.tools.bench_engine
 	@if $(PY) -c "import sys, torch; sys.exit(torch.cuda.is_available())"; then $(PY) -m evaluation.tools.cpu_paths; fi
 

@@ -156,3 +156,18 @@ def test_building_the_report_and_figures_imports_neither_torch_nor_a_method(toy_
     assert done.returncode == 0, done.stderr[-2000:]
     assert (toy_results / "out" / "report.md").is_file()
     assert done.stdout.strip().splitlines()[-1] == "LOADED"
+
+
+def test_speedup_by_setting_puts_each_comparison_in_its_own_column(toy_results):
+    import pandas as pd
+
+    from evaluation.tools.speedup_by_setting import by_setting
+
+    report.build(toy_results / "runs", toy_results / "out")
+    table = by_setting(pd.read_csv(toy_results / "out" / "report.csv")).set_index("method (speedup x / MAT)")
+    assert len(table.columns) == 2  # k1 and k2: the same (unknown) setting, told apart by their keys
+    k1 = next(c for c in table.columns if "(k1)" in c)
+    overall_speedup = ((2 + 10 + 6) / 3) / ((1 + 2 + 3) / 3)
+    assert table.loc["fast", k1] == f"{overall_speedup:.2f}x / {60 / 19:.2f}"
+    # vanilla's own mean tokens/s over its four questions: (1 + 2 + 3 + 5) / 4
+    assert table.loc["vanilla", k1] == "1.00x / 1.00" and table.loc["vanilla tokens/s", k1] == "2.8"

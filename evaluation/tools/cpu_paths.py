@@ -1,6 +1,6 @@
 """The target's forward on the CPU, path by path: what verifying k tokens costs against one, and why.
 
-    python -m evaluation.tools.cpu_paths [model=...] [--repeats 7] [--out results/engine]
+    python -m evaluation.tools.cpu_paths [model=...] [--repeats 11] [--out results/engine]
     (run by `make bench-engine` on a CPU)
 
 For float32 and bfloat16, plain and prepacked linear layers (`model.cpu_prepack`), one thread and every thread:
@@ -32,7 +32,6 @@ import pandas as pd
 import torch
 from hydra import compose, initialize_config_dir
 
-from evaluation.engine.budget import forward_latency
 from evaluation.engine.device import REPORTED_FLAGS, cpu_flags, cpu_name
 from evaluation.engine.kv_cache import cache_argument, cache_for
 from evaluation.engine.tree import DraftTree, build_tree_inputs
@@ -93,6 +92,24 @@ class Forward:
     def __call__(self):
         self.cache.crop(self.base)
         self._call(self.inputs)
+
+
+def curve(lm, context: list[int], repeats: int) -> list[dict]:
+    """t(k) for every width, the widths taken in turn within each repeat: a machine whose speed drifts (a shared
+    host) then moves every width alike, and the ratios t(k)/t(1) stay fair."""
+    forwards = {k: Forward(lm, context, k) for k in WIDTHS}
+    for forward in forwards.values():
+        forward()
+        forward()
+    times: dict[int, list[float]] = {k: [] for k in WIDTHS}
+    for _ in range(repeats):
+        for k, forward in forwards.items():
+            t0 = time.perf_counter()
+            forward()
+            times[k].append(time.perf_counter() - t0)
+    one = statistics.median(times[1])
+    return [{"new_tokens": k, "median_ms": 1000 * statistics.median(t), "vs_one_token": statistics.median(t) / one}
+            for k, t in times.items()]
 
 
 def breakdown(forward: Forward, repeats: int) -> dict:
@@ -220,7 +237,7 @@ def load(overrides: list[str], dtype: str, prepack: bool):
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model=smollm2-135m")
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--repeats", type=int, default=11)
     parser.add_argument("--out", default="results/engine")
     args = parser.parse_args(argv)
     out = Path(args.out)
@@ -228,7 +245,8 @@ def main(argv: list[str] | None = None) -> None:
     flags = cpu_flags()
     machine = (f"{cpu_name()}, {os.cpu_count()} cores; flags: "
                + ", ".join(f"{f} {'yes' if f in flags else 'no'}" for f in REPORTED_FLAGS)
-               + f"; torch {torch.__version__}, commit {commit().get('git_commit', 'unknown')[:7]}")
+               + f"; torch {torch.__version__}, commit {(commit().get('git_commit') or 'unknown')[:7]}"
+               + (" with uncommitted changes" if commit().get("git_dirty") else ""))
     curves, layers, parts, paths = [], [], [], []
     model_name = None
     for dtype in ("float32", "bfloat16"):
@@ -240,9 +258,7 @@ def main(argv: list[str] | None = None) -> None:
             for n in thread_counts():
                 with threads(n):
                     print(f"{dtype}, prepacked {lm.prepacked}, {n} thread(s) ...", flush=True)
-                    curve = forward_latency(lm, context, WIDTHS, args.repeats)
-                    curves += [{**setting, "threads": n, **row} for row in
-                               curve[["new_tokens", "median_ms", "vs_one_token"]].to_dict("records")]
+                    curves += [{**setting, "threads": n, **row} for row in curve(lm, context, args.repeats)]
                     layers += [{**setting, "threads": n, **row} for row in layer_times(lm, args.repeats)]
                     for k in (1, 16):
                         forward = Forward(lm, context, k)
@@ -278,7 +294,7 @@ def summary(tables: dict, machine: str, model: str) -> str:
         f"Machine: {machine}.", "",
         "## Forward time against new tokens", "",
         f"t(k) in ms, and t(k)/t(1) in brackets: k new tokens (a chain) over a {CONTEXT}-token context, median "
-        "of the repeats.", "",
+        "of the repeats, the widths taken in turn within each repeat.", "",
         shown.reset_index().to_markdown(index=False), "",
         "## Where the time goes", "",
         "Milliseconds per forward, from the profiler: the linear layers' matrix products, the attention, the "

@@ -1,0 +1,63 @@
+"""Every method's overall speedup and MAT side by side for each setting the report compares (dtype,
+prepacked kernels, draft budget): the same machine before and after a change to the CPU path, in one table.
+
+    python -m evaluation.tools.speedup_by_setting [--report results/report.csv] [--out results/engine/speedup_by_setting.csv]
+
+Reads the report's `report.csv` and each run's manifest (for the draft budget, the commit and the processor), so
+it shows only what `make bench` runs measured; one column group per comparison, labelled by those settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from evaluation.report import method_sort_key
+
+
+def setting_label(row, manifest: dict) -> str:
+    budget = (manifest.get("draft_budget") or {}).get("mode", "off")
+    kernels = "prepacked" if row["prepacked"] else "plain"
+    commit = str(manifest.get("environment", {}).get("git_commit", ""))[:7]
+    dtype = row["dtype"] if isinstance(row["dtype"], str) and row["dtype"] else "dtype?"
+    return f"{dtype} {kernels} budget-{budget} @{commit}"
+
+
+def by_setting(report: pd.DataFrame) -> pd.DataFrame:
+    overall = report[report.subtask == "overall"].copy()
+    labels = {}
+    for key, group in overall.groupby("comparison_key"):
+        method_run = group[group.method != "vanilla"].iloc[0] if (group.method != "vanilla").any() else group.iloc[0]
+        manifest = json.loads((Path(method_run.run_dir) / "manifest.json").read_text())
+        labels[key] = setting_label(method_run, manifest)
+    # two comparisons of the same setting (repeats, another question selection) stay apart: the key names them
+    counts = pd.Series(labels).value_counts()
+    labels = {key: label if counts[label] == 1 else f"{label} ({key[:6]})" for key, label in labels.items()}
+    overall["setting"] = overall.comparison_key.map(labels)
+    overall["method_label"] = overall.method_label.str.replace(r",draft_budget=\w+", "", regex=True)  # in the column
+    # one cell per method and setting: "speedup x / MAT", and vanilla's own tokens/s in a last row
+    overall["cell"] = [f"{s:.2f}x / {m:.2f}" for s, m in zip(overall.speedup, overall.mat)]
+    table = overall.pivot_table(index="method_label", columns="setting", values="cell", aggfunc="first")
+    table = table[sorted(table.columns)].fillna("")
+    table = table.loc[sorted(table.index, key=method_sort_key)]
+    vanilla = overall[overall.method_label == "vanilla"].set_index("setting").tokens_per_s
+    table.loc["vanilla tokens/s"] = [f"{vanilla[c]:.1f}" if c in vanilla else "" for c in table.columns]
+    return table.reset_index().rename(columns={"method_label": "method (speedup x / MAT)"})
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--report", default="results/report.csv")
+    parser.add_argument("--out", default="results/engine/speedup_by_setting.csv")
+    args = parser.parse_args(argv)
+    table = by_setting(pd.read_csv(args.report))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    table.fillna("").to_csv(args.out, index=False)
+    print(table.to_markdown(index=False, floatfmt=".2f"))
+
+
+if __name__ == "__main__":
+    main()
