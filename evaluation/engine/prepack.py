@@ -50,19 +50,6 @@ class PrepackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, prepacked for oneDNN"
 
 
-def can_prepack(model: nn.Module) -> str:
-    """"" when the model's linear layers can be prepacked here, else why not (one line)."""
-    if not torch.backends.mkldnn.is_available():
-        return "this torch build has no oneDNN"
-    devices = {p.device.type for p in model.parameters()}
-    if devices != {"cpu"}:
-        return "the model is not (only) on the CPU"
-    dtypes = {m.weight.dtype for m in model.modules() if isinstance(m, nn.Linear)}
-    if not dtypes or not dtypes <= set(PACKABLE):
-        return f"oneDNN prepacking covers float32 and bfloat16, not {sorted(map(str, dtypes))}"
-    return ""
-
-
 def prepack_linears(model: nn.Module) -> int:
     """Replace every `nn.Linear` of `model` in place by a `PrepackedLinear`; returns how many were replaced."""
     replaced = 0

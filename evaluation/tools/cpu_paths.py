@@ -242,11 +242,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    flags = cpu_flags()
+    flags, checkout = cpu_flags(), commit()
     machine = (f"{cpu_name()}, {os.cpu_count()} cores; flags: "
                + ", ".join(f"{f} {'yes' if f in flags else 'no'}" for f in REPORTED_FLAGS)
-               + f"; torch {torch.__version__}, commit {(commit().get('git_commit') or 'unknown')[:7]}"
-               + (" with uncommitted changes" if commit().get("git_dirty") else ""))
+               + f"; torch {torch.__version__}, commit {(checkout.get('git_commit') or 'unknown')[:7]}"
+               + (" with uncommitted changes" if checkout.get("git_dirty") else ""))
     curves, layers, parts, paths = [], [], [], []
     model_name = None
     for dtype in ("float32", "bfloat16"):
