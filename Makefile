@@ -28,7 +28,7 @@ TEMPERATURE ?= 0
 # ones once a draft for MODEL is committed (`python -m evaluation.catalog bench-settings MODEL`).
 METHODS   ?=
 
-.PHONY: help setup setup-gpu check-environment setup-cluster data datastore test bench report figures ablations exactness \
+.PHONY: help setup setup-gpu check-environment setup-cluster data datastore test bench report figures ablations exactness upstream-parity \
 	bench-engine gpu-check offline-bundle offline-check half-precision results-page clean
 
 help:  ## [instant] list the targets, with their duration on 2 CPU cores
@@ -103,6 +103,12 @@ ablations: setup data  ## [~45 min] LogitSpec ablation sweeps (conf/experiment/a
 	for sweep in $(filter-out ablation_baseline,$(ABLATIONS)); do $(PY) run.py experiment=$$sweep || exit 1; done
 	$(PY) -m evaluation.report --results results/ablations/runs --out results/ablations
 	$(PY) -m evaluation.report.figures --results results/ablations/runs --out results/ablations/figures
+
+# A clone of hemingkx/Spec-Bench (commit fd2c1cd) for `make upstream-parity`.
+SPEC_BENCH ?=
+upstream-parity: setup data  ## [~15 min; a side environment once] Token Recycling and SAM beside Spec-Bench's own code, step for step (SPEC_BENCH=<clone>)
+	@[ -n "$(SPEC_BENCH)" ] || { echo "error: give SPEC_BENCH=<a clone of hemingkx/Spec-Bench at fd2c1cd>" >&2; exit 2; }
+	$(PY) -m evaluation.tools.upstream_parity --spec-bench $(SPEC_BENCH)
 
 exactness: setup  ## [~3 min] goodness-of-fit of every method's sampled output (results/sampling/exactness.csv)
 	$(PY) -m evaluation.tools.exactness

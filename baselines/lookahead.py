@@ -7,8 +7,9 @@ Every step carries, besides the pending token u:
   is one more Jacobi iterate. After each step the columns' (N)-grams go into the pool and the window shifts one
   column (ALWAYS_FWD_ONE), whatever was accepted.
 
-Deviation from upstream: upstream feeds the random initial window with the prompt in the prefill forward. Our loop
-prefills without drafts, so the window starts at the first decode step; this delays the warm-up by one step.
+Upstream feeds the random initial window with the prompt in the prefill forward. With `first_step: prompt_end`
+(default) the prefill stops before the last prompt token and the first step feeds that token with the window: the
+same window schedule, one forward more. `after_prefill` starts the window below the first generated token.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from evaluation.engine.method import DecodeState, Method, StepOutcome
+from evaluation.engine.method import FIRST_STEPS, DecodeState, Method, StepOutcome
 from evaluation.engine.tree import DraftTree, SideNodes
 from evaluation.engine.errors import require
 from evaluation.engine.options import MAX_DRAFT_NODES, require_int_range
@@ -112,8 +113,12 @@ class Lookahead(Method):
         full_match_bonus: bool = True
         # Upstream never puts prompt n-grams in the pool (the paper's "prompt as reference" option is absent).
         seed_pool_from_prompt: bool = False
+        # prompt_end (upstream): the window is first fed below the last prompt token, as upstream's prefill feeds it
+        # with the prompt; after_prefill: below the first generated token, one window step later.
+        first_step: str = "prompt_end"
 
         def check(self) -> None:
+            require(self.first_step in FIRST_STEPS, "first_step", self.first_step, f"one of {FIRST_STEPS}")
             require_int_range("level", self.level, 3, 16)
             require_int_range("window", self.window, 1, 256)
             require_int_range("guess", self.guess, 0, 256)
@@ -124,6 +129,7 @@ class Lookahead(Method):
     def __init__(self, config: Config, model):
         super().__init__(config, model)
         config.check()
+        self.prefill_stops_short = config.first_step == "prompt_end"
         self.pool = NgramPool(config.guess)
         self.levels: list[list[int]] = []
         self._step: tuple[int, int, int] | None = None  # (pending token, tree nodes, side nodes) of the last draft

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from evaluation.engine.method import DecodeState, Method, StepOutcome
+from evaluation.engine.method import FIRST_STEPS, DecodeState, Method, StepOutcome
 from evaluation.engine.tree import DraftTree
 from evaluation.engine.errors import require
 
@@ -52,6 +52,7 @@ TEMPLATES: dict[str, list[list[int]]] = {
     ],
 }
 SCOPES = ("process", "question", "turn")
+ENDS_OF_TURN = ("upstream", "answer")
 
 
 class Template:
@@ -90,7 +91,7 @@ class AdjacencyDrafter:
     needs_hidden_states = False
 
     def __init__(self, vocab_size: int, template: str = "2.2.2", scope: str = "process",
-                 draft_unseen: bool = True):
+                 draft_unseen: bool = True, prefill_row: bool = True):
         self.template = Template(TEMPLATES[template])
         self.scope = scope
         self.draft_unseen = draft_unseen
@@ -98,6 +99,9 @@ class AdjacencyDrafter:
         self.rows = self.adjacency.numpy()  # a view for cheap numpy gathers while drafting
         self.seen = np.zeros(vocab_size, dtype=bool)  # rows written at least once
         self.previous_prompt: list[int] | None = None
+        # Whether the first step records the prefill's last logits as the last prompt token's row (`observe`):
+        # false when that row comes from elsewhere (the first step's own node 0, or every prompt row).
+        self.prefill_row = prefill_row
         self.prefill_row_due = False
 
     @property
@@ -116,7 +120,7 @@ class AdjacencyDrafter:
         if self.scope == "turn" or (self.scope == "question" and not continues):
             self.clear()
         self.previous_prompt = list(prompt_ids)
-        self.prefill_row_due = True
+        self.prefill_row_due = self.prefill_row
 
     def learn(self, node_tokens: np.ndarray, logits: torch.Tensor) -> None:
         """`adj[token] = topk(logits, 8)` for every node; a token at several nodes keeps its last node's row."""
@@ -167,6 +171,10 @@ def verified_tokens(node_tokens: np.ndarray, state: DecodeState, outcome: StepOu
     return node_tokens if kept is None else node_tokens[np.asarray(kept)]
 
 
+def stop_among(tokens, stop_ids) -> bool:
+    return any(t in stop_ids for t in tokens)
+
+
 class TokenRecycling(Method):
     """Token Recycling: the template "2.2.2" filled from each token's most recent top-8 successors."""
 
@@ -180,16 +188,30 @@ class TokenRecycling(Method):
         adjacency_scope: str = "process"
         # Upstream fills nodes below never-seen tokens from the zero rows (token 0 drafts); false drops them.
         draft_unseen: bool = True
+        # prompt_end (upstream): the prefill stops before the last prompt token, the first tree is drafted below it
+        # and every node's row is learnt from that step; after_prefill: the first tree is drafted below the first
+        # generated token, after recording the last prompt token's row from the prefill.
+        first_step: str = "prompt_end"
+        # upstream: decode on until more than max_new_tokens tokens are committed (the answer keeps
+        # max_new_tokens), learning from every step but the last, unless it ended at a stop token drafted as the
+        # bonus; answer: stop at the answer's end without learning from its last step.
+        end_of_turn: str = "upstream"
 
         def check(self) -> None:
             require(self.template in TEMPLATES, "template", self.template, f"one of {sorted(TEMPLATES)}")
             require(self.adjacency_scope in SCOPES, "adjacency_scope", self.adjacency_scope, f"one of {SCOPES}")
+            require(self.first_step in FIRST_STEPS, "first_step", self.first_step, f"one of {FIRST_STEPS}")
+            require(self.end_of_turn in ENDS_OF_TURN, "end_of_turn", self.end_of_turn, f"one of {ENDS_OF_TURN}")
 
     def __init__(self, config: Config, model):
         super().__init__(config, model)
+        self.prefill_stops_short = config.first_step == "prompt_end"
+        self.learns_past_answer = config.end_of_turn == "upstream"
         self.drafter = AdjacencyDrafter(model.model.config.vocab_size, config.template, config.adjacency_scope,
-                                        config.draft_unseen)
+                                        config.draft_unseen, prefill_row=not self.prefill_stops_short)
         self.node_tokens = np.zeros(0, dtype=np.int64)
+        self.more = False  # upstream's loop would take another step (end_of_turn: upstream)
+        self.steps = 0  # tree steps in this turn
 
     @property
     def max_nodes(self) -> int:
@@ -197,6 +219,7 @@ class TokenRecycling(Method):
 
     def reset(self, prompt_ids: list[int], hidden_states=None) -> None:
         self.drafter.reset(prompt_ids)
+        self.steps = 0
 
     def draft(self, state: DecodeState) -> DraftTree:
         tree = self.drafter.draft(state)
@@ -204,4 +227,19 @@ class TokenRecycling(Method):
         return tree
 
     def update(self, state: DecodeState, outcome: StepOutcome) -> None:
+        if self.learns_past_answer:
+            # Upstream's loop: a stop token among the accepted drafts, or more than max_new_tokens committed
+            # (the pending bonus not counted), ends it before the update; a stop token as the bonus, or its
+            # max_new_tokens-th step, after it.
+            self.steps += 1
+            stop_ids = self.model.stop_ids
+            learns = (not stop_among(outcome.verdict.accepted_tokens, stop_ids)
+                      and state.generated - 1 <= state.max_new_tokens)
+            self.more = (learns and outcome.verdict.bonus not in stop_ids
+                         and self.steps < state.max_new_tokens)
+            if not learns:
+                return
         self.drafter.update(state, outcome, self.node_tokens)
+
+    def decodes_past_answer(self, state: DecodeState) -> bool:
+        return self.more

@@ -14,7 +14,7 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from baselines.recycling import SCOPES, TEMPLATES, AdjacencyDrafter
+from baselines.recycling import ENDS_OF_TURN, SCOPES, TEMPLATES, AdjacencyDrafter, stop_among
 from baselines.suffix_automaton import SuffixAutomaton
 from evaluation.engine.method import DecodeState, Method, StepOutcome
 from evaluation.engine.tree import DraftTree
@@ -35,6 +35,9 @@ class FallbackDrafter(Protocol):
     def observe(self, state: DecodeState) -> None:
         """Every step before drafting, whoever drafts: the pending token and the logits behind it."""
 
+    def learn(self, node_tokens: np.ndarray, logits) -> None:
+        """Learn from the target's logits [tokens, vocab] at these tokens (the prefill's, with `prefill_rows: all`)."""
+
     def draft(self, state: DecodeState) -> DraftTree:
         """The tree below the pending token, used when the automaton's match is too short."""
 
@@ -43,7 +46,8 @@ class FallbackDrafter(Protocol):
 
 
 def _recycling(config: "SamConfig", model) -> FallbackDrafter:
-    return AdjacencyDrafter(model.model.config.vocab_size, config.recycling_template, config.adjacency_scope)
+    return AdjacencyDrafter(model.model.config.vocab_size, config.recycling_template, config.adjacency_scope,
+                            prefill_row=config.prefill_rows == "last")
 
 
 # Auxiliary drafters by name; None = no fallback.
@@ -53,6 +57,9 @@ FALLBACKS: dict[str, Callable[["SamConfig", object], FallbackDrafter] | None] = 
 }
 
 
+PREFILL_ROWS = ("all", "last")
+
+
 @dataclass
 class SamConfig:
     n_predicts: int = 40  # chain length counting the pending token: at most n_predicts - 1 drafts
@@ -60,8 +67,16 @@ class SamConfig:
     fallback: str = "recycling"  # auxiliary drafter below the threshold: recycling (SAM[TR]) or none
     recycling_template: str = "samd"  # the fallback's tree: SAM-Decoding's 60-node tree, or "2.2.2"
     adjacency_scope: str = "process"  # the fallback matrix's lifetime, as Token Recycling's option
-    # Upstream pads the chain with token 0 up to n_predicts tokens; the padding is extra compute for nothing.
-    pad_chain: bool = False
+    # Upstream pads the chain with token 0 up to n_predicts tokens, and the fallback learns rows at the padding:
+    # extra compute that changes what the fallback drafts later (false: principled).
+    pad_chain: bool = True
+    # Which prompt tokens the fallback learns rows for from the prefill: all (upstream: every prompt position's
+    # logits) or last (only the last prompt token's, from the logits the first token is chosen from).
+    prefill_rows: str = "all"
+    # upstream: the fallback learns from every step, the last included, and decoding goes on as upstream's loop
+    # does (one more step when exactly max_new_tokens are committed, or when the bonus is a stop token; the answer
+    # keeps max_new_tokens); answer: stop at the answer's end without learning from its last step.
+    end_of_turn: str = "upstream"
     # Without a fallback upstream drafts from every match, 1 + int(alpha * length) tokens long (pending token
     # included, at most n_predicts) and without the walk up suffix links; false applies the threshold rule.
     dynamic_length_without_fallback: bool = True
@@ -74,6 +89,8 @@ class SamConfig:
         require(self.recycling_template in TEMPLATES, "recycling_template", self.recycling_template,
                 f"one of {sorted(TEMPLATES)}")
         require(self.adjacency_scope in SCOPES, "adjacency_scope", self.adjacency_scope, f"one of {SCOPES}")
+        require(self.prefill_rows in PREFILL_ROWS, "prefill_rows", self.prefill_rows, f"one of {PREFILL_ROWS}")
+        require(self.end_of_turn in ENDS_OF_TURN, "end_of_turn", self.end_of_turn, f"one of {ENDS_OF_TURN}")
         require(self.alpha > 0, "alpha", self.alpha, "a number > 0")
         require_number_range("alpha", self.alpha, 1e-6, 1e6)
 
@@ -89,6 +106,9 @@ class SamDecoding(Method):
         make = FALLBACKS[config.fallback]
         self.fallback: FallbackDrafter | None = make(config, model) if make else None
         self.needs_hidden_states = bool(self.fallback and self.fallback.needs_hidden_states)
+        self.needs_prompt_logits = bool(self.fallback) and config.prefill_rows == "all"
+        self.learns_past_answer = bool(self.fallback) and config.end_of_turn == "upstream"
+        self.more = False  # upstream's loop would take another step (end_of_turn: upstream)
         self.automaton = SuffixAutomaton()
         self.node_tokens = np.zeros(0, dtype=np.int64)
         self.from_automaton = False  # whether the last draft came from the automaton (for tests and analysis)
@@ -102,6 +122,9 @@ class SamDecoding(Method):
         self.automaton.extend(prompt_ids)
         if self.fallback:
             self.fallback.reset(prompt_ids)
+
+    def learn_from_prompt(self, token_ids: list[int], logits) -> None:
+        self.fallback.learn(np.asarray(token_ids, dtype=np.int64), logits)
 
     def _sync(self, tokens: list[int]) -> None:
         """Add the committed tokens the automaton lacks; the pending token (tokens[-1]) stays out."""
@@ -145,3 +168,13 @@ class SamDecoding(Method):
         self._sync(state.tokens)
         if self.fallback is not None:
             self.fallback.update(state, outcome, self.node_tokens)
+        if self.learns_past_answer:
+            # Upstream's loop commits the pending token and the accepted drafts each step (the bonus waits) and
+            # ends after a stop token among them or once max_new_tokens are committed.
+            pending = state.tokens[-1 - len(outcome.committed)]
+            stop_ids = self.model.stop_ids
+            self.more = (not stop_among([pending, *outcome.verdict.accepted_tokens], stop_ids)
+                         and state.generated - 1 < state.max_new_tokens)
+
+    def decodes_past_answer(self, state: DecodeState) -> bool:
+        return self.more

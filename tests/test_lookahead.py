@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import random
 
+import pytest
 import torch
 
 from baselines.lookahead import Lookahead, NgramPool, advance_window, harvest, window_layout
+from evaluation.engine import decode_turn
+from evaluation.engine.errors import OptionError
 from evaluation.engine.method import DecodeState, StepOutcome
 from tests.conftest import ONE_PER_SUBTASK
 
@@ -105,3 +108,33 @@ def test_lookahead_default_is_lossless(lm, assert_lossless):
 def test_lookahead_without_full_match_bonus_is_lossless(lm, assert_lossless):
     results = assert_lossless(Lookahead(Lookahead.Config(full_match_bonus=False), lm), names=ONE_PER_SUBTASK)
     assert max(max(r.accept_lengths) for r in results.values()) <= 4  # never more than N-1 tokens per step
+
+
+@pytest.mark.parametrize("first_step,pending_at,first_window", [("prompt_end", -1, 9), ("after_prefill", 0, 9)])
+def test_first_window_step(lm, lossless_prompts, first_step, pending_at, first_window):
+    """prompt_end feeds the first window below the last prompt token, as upstream's prefill does; after_prefill below
+    the first generated token. Either way the warm-up then takes the window sizes 9, 17, 23, 27."""
+    prompt = lossless_prompts["q81"]
+    method = Lookahead(Lookahead.Config(first_step=first_step), lm)
+    fed = []  # (position of the pending token relative to the prompt's end, window nodes) per step
+    draft = method.draft
+
+    def recording_draft(state):
+        tree = draft(state)
+        fed.append((len(state.tokens) - len(prompt) - 1, len(tree.side.tokens)))
+        return tree
+
+    method.draft = recording_draft
+    result = decode_turn(lm, method, prompt, 8)
+    assert [position for position, _ in fed[:4]] == [pending_at + i for i in range(4)]  # nothing accepted yet
+    assert [nodes for _, nodes in fed[:4]] == [first_window, 17, 23, 27]
+    assert result.accept_lengths[0] == (0 if first_step == "prompt_end" else 1)  # the prefill commits nothing
+
+
+def test_after_prefill_is_lossless(lm, assert_lossless):
+    assert_lossless(Lookahead(Lookahead.Config(first_step="after_prefill"), lm), names=ONE_PER_SUBTASK)
+
+
+def test_check_rejects_bad_first_step():
+    with pytest.raises(OptionError, match="first_step"):
+        Lookahead.Config(first_step="prefill").check()

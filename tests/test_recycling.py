@@ -12,6 +12,7 @@ from baselines.recycling import TEMPLATES, AdjacencyDrafter, Template, TokenRecy
 from evaluation.engine import decode_turn
 from evaluation.engine.method import DecodeState
 from evaluation.engine.errors import OptionError
+from tests.conftest import ONE_PER_SUBTASK
 
 
 def test_template_222_is_upstreams():
@@ -83,7 +84,8 @@ def test_scopes_clear_at_the_right_resets():
         assert filled(drafter) == kept_after_other, scope
 
 
-@pytest.mark.parametrize("option,value", [("template", "2.2"), ("adjacency_scope", "run")])
+@pytest.mark.parametrize("option,value", [("template", "2.2"), ("adjacency_scope", "run"),
+                                          ("first_step", "prefill"), ("end_of_turn", "never")])
 def test_check_rejects_bad_values(option, value):
     with pytest.raises(OptionError, match=option):
         TokenRecycling.Config(**{option: value}).check()
@@ -118,3 +120,39 @@ def test_question_scope_does_not_depend_on_question_order(lm, lossless_prompts):
     backward = accept_lengths_in_order(lm, lossless_prompts, names[::-1], "process")
     assert forward != backward
     assert all(forward[n][0] == backward[n][0] for n in names)  # the same tokens either way
+
+
+UPSTREAM_NAMES = ("q81", "q161", "q241")  # in this order, one matrix for all, as upstream's process carries it
+UPSTREAM_TOKENS = 24
+
+
+def test_defaults_follow_upstream_step_for_step(lm, lossless_prompts):
+    """Against Spec-Bench's loop written out (tests/upstream_loops.py): the same tokens, the same accepted length at
+    every step (upstream counts the last prompt token in its first step's; so does ours, whose prefill commits
+    nothing), upstream's extra steps past max_new_tokens, and the same matrix after each question."""
+    from tests.upstream_loops import recycling as upstream_recycling
+
+    method = TokenRecycling(TokenRecycling.Config(), lm)
+    reference = torch.zeros_like(method.drafter.adjacency)
+    for name in UPSTREAM_NAMES:
+        prompt = lossless_prompts[name]
+        ours = decode_turn(lm, method, prompt, UPSTREAM_TOKENS)
+        tokens, lengths = upstream_recycling(lm.model, prompt, reference, UPSTREAM_TOKENS, set(lm.stop_ids))
+        assert ours.accept_lengths[0] == 0  # the prefill stopped short
+        answer_steps = ours.accept_lengths[1:]
+        # upstream's loop takes at most max_new_tokens steps: with nothing accepted it ends a token short
+        assert ours.new_ids[: len(tokens)] == tokens[:UPSTREAM_TOKENS], name
+        assert lengths[: len(answer_steps) - 1] == answer_steps[:-1], name
+        assert lengths[len(answer_steps) - 1] >= answer_steps[-1], name  # our answer's last step is cut
+        assert lengths[len(answer_steps):] == ours.past_answer_lengths, name
+        assert len(tokens) > UPSTREAM_TOKENS or tokens[-1] in lm.stop_ids or len(lengths) == UPSTREAM_TOKENS
+        assert torch.equal(method.drafter.adjacency, reference), name
+
+
+def test_principled_setting_is_lossless_and_drafts_otherwise(lm, assert_lossless):
+    principled = TokenRecycling.Config(first_step="after_prefill", end_of_turn="answer", adjacency_scope="question")
+    results = assert_lossless(TokenRecycling(principled, lm), names=ONE_PER_SUBTASK)
+    assert all(r.accept_lengths[0] == 1 and not r.past_answer_lengths for r in results.values())
+    upstream = assert_lossless(TokenRecycling(TokenRecycling.Config(), lm), names=ONE_PER_SUBTASK)
+    assert all(r.accept_lengths[0] == 0 for r in upstream.values())
+    assert any(upstream[n].accept_lengths[1:] != results[n].accept_lengths[1:] for n in ONE_PER_SUBTASK)

@@ -171,3 +171,27 @@ def test_speedup_by_setting_puts_each_comparison_in_its_own_column(toy_results):
     assert table.loc["fast", k1] == f"{overall_speedup:.2f}x / {60 / 19:.2f}"
     # vanilla's own mean tokens/s over its four questions: (1 + 2 + 3 + 5) / 4
     assert table.loc["vanilla", k1] == "1.00x / 1.00" and table.loc["vanilla tokens/s", k1] == "2.8"
+
+
+def test_speedup_by_setting_keeps_earlier_settings_and_averages_rounds(toy_results):
+    import pandas as pd
+
+    from evaluation.tools.speedup_by_setting import by_setting, with_earlier_columns
+
+    runs = toy_results / "runs"
+    for round_ in (1, 2):  # the same setting again: an interleaved run's later rounds, 2x and 4x vanilla
+        write_run(runs / f"v{round_}", "vanilla", f"r{round_}", [(1, "qa", 10, 10.0, 10, [1])], setting="S",
+                  repeat=round_)
+        write_run(runs / f"m{round_}", "fast", f"r{round_}", [(1, "qa", 10, 10.0 / (2 * round_), 5, [1])],
+                  setting="S", repeat=round_)
+    report.build(runs, toy_results / "out")
+    table = by_setting(pd.read_csv(toy_results / "out" / "report.csv"))
+    rounds = next(c for c in table.columns if "x2 rounds" in c)
+    assert table.set_index(table.columns[0]).loc["fast", rounds] == "3.00x / 2.00"  # (2 + 4) / 2
+    earlier = pd.DataFrame({table.columns[0]: ["vanilla", "slow", "vanilla tokens/s"],
+                            "float32 plain budget-off @0000000": ["1.00x / 1.00", "0.50x / 1.10", "9.9"],
+                            rounds: ["stale", "stale", "stale"]})
+    merged = with_earlier_columns(table, earlier).set_index(table.columns[0])
+    assert merged.loc["slow", "float32 plain budget-off @0000000"] == "0.50x / 1.10"  # an earlier setting, kept
+    assert merged.loc["fast", rounds] == "3.00x / 2.00"  # a regenerated one, replaced
+    assert merged.index[-1] == "vanilla tokens/s" and merged.loc["fast", "float32 plain budget-off @0000000"] == ""

@@ -11,7 +11,9 @@ from baselines.sam import SamConfig, SamDecoding
 from baselines.suffix_automaton import SuffixAutomaton
 from evaluation.engine.method import DecodeState
 from evaluation.engine.errors import OptionError
+from evaluation.engine import decode_turn
 from evaluation.questions import load_questions
+from tests.conftest import ONE_PER_SUBTASK
 
 
 def common_suffix_lengths(x: list[int], target: list[int]) -> list[int]:
@@ -134,3 +136,29 @@ def test_sam_without_fallback_is_lossless(lm, assert_lossless):
     tokens = sum(len(r.new_ids) for r in results.values())
     assert tokens / sum(r.steps for r in results.values()) > 1.0
 
+
+
+def test_sam_tr_defaults_follow_upstream_step_for_step(lm, lossless_prompts):
+    """Against SAM-Decoding's loop with its token-recycling tree written out (tests/upstream_loops.py): the same
+    tokens, the same accepted lengths (upstream does not count the prefill, ours counts it as a step of one token),
+    upstream's step past the answer, and the same fallback matrix after each question."""
+    from tests.upstream_loops import sam_tr
+
+    method = SamDecoding(SamConfig(), lm)
+    reference = torch.zeros_like(method.fallback.adjacency)
+    for name in ("q81", "q161", "q241", "q481"):
+        prompt = lossless_prompts[name]
+        ours = decode_turn(lm, method, prompt, 24)
+        tokens, lengths = sam_tr(lm.model, prompt, reference, 24, set(lm.stop_ids))
+        assert ours.new_ids == tokens, name
+        answer_steps = ours.accept_lengths[1:]
+        assert lengths[: len(answer_steps) - 1] == answer_steps[:-1], name
+        assert lengths[len(answer_steps) - 1] >= answer_steps[-1], name
+        assert lengths[len(answer_steps):] == ours.past_answer_lengths, name
+        assert torch.equal(method.fallback.adjacency, reference), name
+
+
+def test_sam_principled_setting_is_lossless(lm, assert_lossless):
+    principled = SamConfig(pad_chain=False, prefill_rows="last", end_of_turn="answer", adjacency_scope="question")
+    results = assert_lossless(SamDecoding(principled, lm), names=ONE_PER_SUBTASK)
+    assert not any(r.past_answer_lengths for r in results.values())

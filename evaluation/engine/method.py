@@ -23,7 +23,9 @@ class DecodeState:
 
     tokens: list[int]  # prompt + generated; tokens[-1] is the pending token (exact, not yet fed to the model)
     prompt_length: int
-    last_logits: torch.Tensor  # [vocab] target logits tokens[-1] was chosen from (their argmax when greedy)
+    # [vocab] target logits tokens[-1] was chosen from (their argmax when greedy); when the prefill stopped short,
+    # at the first step the logits after tokens[-2] (tokens[-1] is then the prompt's own last token)
+    last_logits: torch.Tensor
     max_new_tokens: int
 
     @property
@@ -46,6 +48,9 @@ class StepOutcome:
     # False when the draft budget skipped drafting this step (`draft` was not called; the tree was empty), so a
     # method that keeps state from its last draft must not use it.
     drafted: bool = True
+    # Why the answer ended, on the step that completed it and on any step past it ("stop_token", "max_new_tokens";
+    # "" while it grows). Only a method that `learns_past_answer` sees a non-empty one.
+    stop_reason: str = ""
 
 
 @dataclass
@@ -56,11 +61,26 @@ class NoOptions:
         """Ranges and relations of the options; raises `evaluation.engine.errors.OptionError`. Nothing to check here."""
 
 
+# Values of a method's `first_step` option, for methods that offer `prefill_stops_short`: `prompt_end` has the
+# prefill stop one token short and the first step grow its draft below the last prompt token, `after_prefill` drafts
+# first below the first generated token.
+FIRST_STEPS = ("prompt_end", "after_prefill")
+
+
 class Method:
     """Base class of decoding methods. The default drafts nothing, which is vanilla greedy decoding."""
 
     Config: ClassVar[type] = NoOptions
     needs_hidden_states: ClassVar[bool] = False
+    # Hooks for reproducing an upstream loop step for step; the defaults suit every method written for this engine.
+    # The prefill stops one token short: the first step verifies the last prompt token with a draft below it.
+    prefill_stops_short: bool = False
+    # The prefill keeps every prompt position's logits and hands them to `learn_from_prompt`.
+    needs_prompt_logits: bool = False
+    # `update` also runs on the step that completes the answer, and the method may decode further steps
+    # (`decodes_past_answer`) whose tokens are not part of the answer: what an upstream loop that stops later than
+    # `max_new_tokens`, or learns from its last step, does to the state it carries into the next turn.
+    learns_past_answer: bool = False
 
     def __init__(self, config, model):
         self.config = config
@@ -74,6 +94,14 @@ class Method:
     def reset(self, prompt_ids: list[int], hidden_states: torch.Tensor | None = None) -> None:
         """Called at the start of every turn with the full prompt (earlier turns included), and with the prompt's
         last-layer hidden states [prompt, hidden] when the method asks for them (`needs_hidden_states`)."""
+
+    def learn_from_prompt(self, token_ids: list[int], logits: torch.Tensor) -> None:
+        """With `needs_prompt_logits`: the prefilled tokens and their logits [tokens, vocab] (row i: after token i)."""
+
+    def decodes_past_answer(self, state: DecodeState) -> bool:
+        """With `learns_past_answer`, asked after each step once the answer is complete: whether to decode one more
+        step. `state.tokens` then holds every committed token, cut only at a stop token."""
+        return False
 
     def draft(self, state: DecodeState) -> DraftTree:
         """Propose the tokens after the pending token `state.tokens[-1]`."""

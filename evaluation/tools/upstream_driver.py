@@ -1,0 +1,178 @@
+"""Runs Spec-Bench's own decoding loops on given prompt ids, for `evaluation.tools.upstream_parity`.
+
+Started by that tool in a side environment with upstream's pins, on a copy of Spec-Bench patched only for the
+device; it imports nothing from this project (whose `evaluation` package would clash with Spec-Bench's). Reads a
+job (JSON) and writes, per prompt in order: the new token ids, the accepted length of every step, the ids each of
+the first forwards fed (the first steps' trees) and the seconds taken.
+
+    python upstream_driver.py job.json result.json
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.machinery
+import json
+import os
+import sys
+import time
+import types
+from types import SimpleNamespace
+
+import torch
+
+
+def load_recycling(job: dict):
+    """Token Recycling (`evaluation/inference_recycling.py`): one adjacency matrix for the process."""
+    module = importlib.import_module("evaluation.inference_recycling")
+    llama = importlib.import_module("model.recycling.modeling_llama_kv").LlamaForCausalLM
+    model = llama.from_pretrained(job["model"], torch_dtype=torch.float32).eval()
+    # upstream's `__main__` creates the matrix as a module global, once
+    module.adj_matrix = torch.zeros((model.vocab_size, 8), dtype=torch.long)
+    tokenizer = SimpleNamespace(eos_token_id=job["eos"])
+
+    def run(prompt: list[int]):
+        ids, _, _, lengths = module.recycling_forward(
+            SimpleNamespace(input_ids=torch.tensor([prompt])), model, tokenizer, job["max_new_tokens"])
+        return ids[0, len(prompt):].tolist(), [int(x) for x in lengths]
+
+    return model, run
+
+
+def load_sam(job: dict, tree_method: str | None):
+    """SAM-Decoding (`evaluation/inference_samd.py`, `model/samd/`): with its token-recycling tree (SAM[TR]) or,
+    with `tree_method` None, without an auxiliary drafter."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        importlib.import_module("datasets")
+    except ImportError:
+        # `model/samd/sam/utils.py` imports `datasets.Dataset` only to build a corpus automaton, which this run
+        # does not use; this project's `datasets` wants a newer huggingface_hub than transformers 4.37 accepts.
+        placeholder = types.ModuleType("datasets")
+        placeholder.__spec__ = importlib.machinery.ModuleSpec("datasets", None)  # transformers looks it up
+        placeholder.Dataset = type("Dataset", (), {})
+        sys.modules["datasets"] = placeholder
+    samd = importlib.import_module("model.samd")
+    inference = importlib.import_module("evaluation.inference_samd")
+    model = AutoModelForCausalLM.from_pretrained(job["model"], torch_dtype=torch.float32,
+                                                 attn_implementation="sdpa").eval()
+    model.hf_device_map = {"": "cpu"}  # upstream loads with device_map="cuda", which sets it
+    config = samd.SamdConfig(n_predicts=40, tree_method=tree_method, len_threshold=5, len_bias=5)
+    draft = samd.DraftModel(config, sam_static=None, lm=model, dtype=torch.float32, device="cpu")
+    samd_model = samd.SamdModel(config, model, draft, job["eos"], torch.float32, "cpu")
+    tokenizer = SimpleNamespace(eos_token_id=job["eos"])
+
+    def run(prompt: list[int]):
+        ids, _, _, lengths = inference.samd_forward(
+            SimpleNamespace(input_ids=torch.tensor([prompt])), samd_model, tokenizer, job["max_new_tokens"])
+        return list(ids[0][len(prompt):]), [int(x) for x in lengths]
+
+    return model, run
+
+
+def load_rest(job: dict):
+    """REST (`evaluation/inference_rest.py`, `model/rest/`): upstream's datastore written by its own `draftretriever`
+    writer from the same entries (turns) as ours, and read by its reader. That `draftretriever` is Spec-Bench's
+    `model/rest/DraftRetriever`, built from its Rust source into the side environment (`maturin build`; its bundled
+    wheel is for CPython 3.9, and the package of that name on PyPI is another project's)."""
+    import numpy as np
+
+    draftretriever = importlib.import_module("draftretriever")
+    inference = importlib.import_module("evaluation.inference_rest")
+    rest_model = importlib.import_module("model.rest.rest.model.rest_model")
+    index = job["rest_index"]
+    try:
+        if not job.get("rest_index_ready"):
+            tokens, starts = np.load(job["rest_tokens"], mmap_mode="r"), np.load(job["rest_starts"])
+            writer = draftretriever.Writer(index_file_path=index, max_chunk_len=512 * 1024 * 1024,
+                                           vocab_size=job["vocab_size"])
+            for begin, end in zip(starts[:-1], starts[1:]):
+                writer.add_entry(tokens[begin:end].tolist())
+            writer.finalize()
+    except TypeError:
+        raise SystemExit("error: the side environment's draftretriever is not REST's: build Spec-Bench's "
+                         "model/rest/DraftRetriever into it with maturin") from None
+    datastore = draftretriever.Reader(index_file_path=index)
+    model = rest_model.RestModel.from_pretrained(job["model"], torch_dtype=torch.float32).eval()
+    token_spans = list(range(2, job["rest_max_token_span"] + 1))[::-1]
+    tokenizer = SimpleNamespace(eos_token_id=job["eos"])
+
+    def run(prompt: list[int]):
+        ids, _, _, lengths = inference.rest_forward(
+            SimpleNamespace(input_ids=torch.tensor([prompt])), model, tokenizer, job["max_new_tokens"],
+            datastore=datastore, num_draft=job["rest_num_draft"], token_spans=token_spans)
+        return ids[0, len(prompt):].tolist(), [int(x) for x in lengths]
+
+    return model.base_model, run
+
+
+def load_lookahead(job: dict):
+    """Lookahead decoding (`evaluation/inference_lookahead.py`, `model/lade/`): transformers' greedy search replaced
+    by LADE's, configured as Spec-Bench's script does with one worker."""
+    from transformers import AutoModelForCausalLM
+
+    os.environ["USE_LADE"] = "1"  # as Spec-Bench's run script sets it; without it LADE falls back to greedy search
+    utils = importlib.import_module("model.lade.utils")
+    inference = importlib.import_module("evaluation.inference_lookahead")
+    utils.augment_all()
+    utils.config_lade(LEVEL=job["lade_level"], WINDOW_SIZE=job["lade_window"], GUESS_SET_SIZE=job["lade_guess"],
+                      DEBUG=0, USE_FLASH=0, DIST_WORKERS=1)
+    model = AutoModelForCausalLM.from_pretrained(job["model"], torch_dtype=torch.float32).eval()
+
+    def run(prompt: list[int]):
+        ids, _, _, lengths = inference.lookahead_forward(
+            SimpleNamespace(input_ids=torch.tensor([prompt])), model, None, job["max_new_tokens"])
+        return ids[0, len(prompt):].tolist(), [int(x) for x in lengths]
+
+    return model, run
+
+
+LOADERS = {
+    "lookahead": load_lookahead,
+    "rest": load_rest,
+    "recycling": load_recycling,
+    "sam": lambda job: load_sam(job, "token_recycle"),
+    "sam-no-fallback": lambda job: load_sam(job, None),
+}
+
+
+class FedIds:
+    """The input ids of the first `keep` forwards, through a pre-hook on the token embedding (LADE's forward
+    bypasses the model's `forward`, never its embedding)."""
+
+    def __init__(self, model: torch.nn.Module, keep: int):
+        self.keep, self.calls = keep, []
+        self.handle = model.get_input_embeddings().register_forward_pre_hook(self._hook, with_kwargs=True)
+
+    def _hook(self, module, args, kwargs):
+        if len(self.calls) < self.keep:
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            self.calls.append(ids[0].tolist())
+
+
+def main(job_path: str, out_path: str) -> None:
+    job = json.loads(open(job_path).read())
+    sys.path.insert(0, job["spec_bench"])
+    torch.set_num_threads(job["threads"])
+    # The answer-file writer (fastchat's judge utilities) is never called: the forward functions are called directly.
+    writer = types.ModuleType("evaluation.eval")
+    writer.run_eval = writer.reorg_answer_file = None
+    sys.modules["evaluation.eval"] = writer
+    model, run = LOADERS[job["method"]](job)
+    results = []
+    for prompt in job["prompts"]:
+        fed = FedIds(model, job["trees"] + 1)  # the prefill, then the first steps
+        start = time.perf_counter()
+        with torch.inference_mode():
+            tokens, lengths = run(prompt)
+        seconds = time.perf_counter() - start
+        fed.handle.remove()
+        results.append({"tokens": [int(t) for t in tokens], "accept_lengths": lengths, "seconds": seconds,
+                        "fed": fed.calls[1:]})
+    with open(out_path, "w") as f:
+        json.dump({"transformers": importlib.import_module("transformers").__version__, "results": results}, f)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])

@@ -1,0 +1,358 @@
+"""Our methods beside Spec-Bench's own code, step for step, on the same prompt ids (docs/upstream-parity.md).
+
+    python -m evaluation.tools.upstream_parity --spec-bench PATH [--methods recycling,sam,sam-no-fallback]
+        [--questions 81,161,241,321,401,481] [--max-new-tokens 128] [--out results/upstream]
+
+PATH is a clone of hemingkx/Spec-Bench (commit fd2c1cd). The tool
+1. builds a side environment once (`~/.cache/specdec-harness/upstream-env`): transformers 4.37.1, tokenizers
+   0.15.2 and huggingface_hub 0.20.3 installed without dependencies, everything else (this project's CPU torch
+   included) read from this project's environment;
+2. copies Spec-Bench's `model/` and `evaluation/` and patches them only for the device (CUDA to CPU), and writes
+   the embedded model's config in the form transformers 4.37 reads (`rope_theta`);
+3. decodes the first turn of each question in order with our method (defaults: upstream's settings; one method
+   object for all prompts, so state carried across questions is carried on both sides) and with upstream's loop,
+   float32, one thread, the same prompt ids;
+4. writes per method and prompt: tokens identical, accepted lengths identical or the first differing step, the
+   first steps' trees identical, tokens/s on both sides (`parity.csv`, `parity.md`, with the machine and commit).
+
+Accepted lengths are aligned as both loops count them: ours has a prefill step first (one token, or none when the
+prefill stops short, as Token Recycling's upstream does), upstream's lists start at the first tree step; our
+answer's last step is cut at max_new_tokens and steps decoded past it are listed apart. A maintainer's script, not
+part of CI: it installs a second environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[2]
+SIDE_PINS = ("transformers==4.37.1", "tokenizers==0.15.2", "huggingface_hub==0.20.3")
+TREES = 2  # the first tree steps whose fed ids are compared
+# Spec-Bench files patched for the CPU (and one for the model): (path, text, replacement); every other line runs as
+# upstream wrote it.
+DEVICE_PATCHES = (
+    ("evaluation/inference_lookahead.py", ".cuda()", ".to('cpu')"),
+    ("evaluation/inference_recycling.py", ".cuda()", ".to('cpu')"),
+    ("evaluation/inference_recycling.py", "torch.device('cuda:0')", "torch.device('cpu')"),
+    # Not the device but the model: REST's preallocated cache assumes as many key/value heads as query heads
+    # (Vicuna's); SmolLM2 has 3 for 9. The cache is sized by the key/value heads, as its attention writes them.
+    ("model/rest/rest/model/kv_cache.py", "        config.num_attention_heads,\n        config.max_position_embeddings,",
+     "        config.num_key_value_heads,\n        config.max_position_embeddings,"),
+)
+
+
+class UpstreamFailed(Exception):
+    """Upstream's loop ended in an error (its last lines)."""
+
+
+def side_environment(cache: Path) -> Path:
+    """The side interpreter with upstream's pins, built once; this project's packages fill in the rest."""
+    env = cache / "upstream-env"
+    python = env / "bin" / "python"
+    if python.exists() and (env / ".pins").exists() and (env / ".pins").read_text() == "\n".join(SIDE_PINS):
+        return python
+    shutil.rmtree(env, ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target",
+                    str(site_packages(python)), *SIDE_PINS], check=True)
+    # After the side's own packages: this environment's (torch, numpy, fschat, ...).
+    ours = next(p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir())
+    (site_packages(python) / "project.pth").write_text(ours + "\n")
+    (env / ".pins").write_text("\n".join(SIDE_PINS))
+    return python
+
+
+def draftretriever_installed(python: Path, spec_bench: Path) -> None:
+    """REST's `draftretriever` (Spec-Bench's `model/rest/DraftRetriever`, Rust) built with cargo and installed into the
+    side environment, once. Its bundled wheel is for CPython 3.9 only, and PyPI's package of that name is another
+    project's. Cargo reads its crates as configured for the user (crates.io, or a local mirror such as Debian's
+    `librust-*-dev` packages in `/usr/share/cargo/registry`)."""
+    package = site_packages(python) / "draftretriever"
+    if (package / "draftretriever.so").is_file():
+        return
+    source = spec_bench / "model" / "rest" / "DraftRetriever"
+    if shutil.which("cargo") is None:
+        raise SystemExit("error: REST's upstream needs cargo to build model/rest/DraftRetriever (Rust)")
+    build = ROOT / "results" / "scratch" / "upstream" / "DraftRetriever"
+    shutil.rmtree(build, ignore_errors=True)
+    shutil.copytree(source, build, ignore=shutil.ignore_patterns("wheels", "target"))
+    env = {**os.environ, "PYO3_PYTHON": str(python)}
+    done = subprocess.run(["cargo", "build", "--release"], cwd=build, env=env, capture_output=True, text=True)
+    if done.returncode and (build / "Cargo.lock").is_file():
+        # The lock names upstream's exact crate versions; a local mirror may hold other compatible ones.
+        (build / "Cargo.lock").unlink()
+        done = subprocess.run(["cargo", "build", "--release"], cwd=build, env=env, capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"error: cargo could not build model/rest/DraftRetriever:\n{done.stderr[-2000:]}")
+    package.mkdir(parents=True, exist_ok=True)
+    shutil.copy(build / "draftretriever" / "__init__.py", package / "__init__.py")
+    shutil.copy(build / "target" / "release" / "libdraftretriever.so", package / "draftretriever.so")
+
+
+def site_packages(python: Path) -> Path:
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    return python.parent.parent / "lib" / version / "site-packages"
+
+
+def upstream_copy(spec_bench: Path, scratch: Path) -> Path:
+    """Spec-Bench's `model/` and `evaluation/`, patched for the CPU (DEVICE_PATCHES)."""
+    if not (spec_bench / "evaluation" / "inference_recycling.py").is_file():
+        raise SystemExit(f"error: {spec_bench} is not a Spec-Bench checkout (no evaluation/inference_recycling.py)")
+    copy = scratch / "spec-bench"
+    shutil.rmtree(copy, ignore_errors=True)
+    for part in ("model", "evaluation"):
+        shutil.copytree(spec_bench / part, copy / part)
+    for path, text, replacement in DEVICE_PATCHES:
+        file = copy / path
+        source = file.read_text()
+        if text not in source:
+            raise SystemExit(f"error: {path} has no '{text}': another Spec-Bench commit? (fd2c1cd expected)")
+        file.write_text(source.replace(text, replacement))
+    return copy
+
+
+def side_model(source: Path, scratch: Path) -> Path:
+    """The model folder as transformers 4.37 reads it: the same weights and tokenizer, `rope_theta` at the top of
+    the config, the fast tokenizer's class named as 4.37 names it."""
+    folder = scratch / "model"
+    folder.mkdir(parents=True, exist_ok=True)
+    config = json.loads((source / "config.json").read_text())
+    rope = config.pop("rope_parameters", None) or {}
+    config.setdefault("rope_theta", rope.get("rope_theta", 10000.0))
+    config["torch_dtype"] = config.pop("dtype", "float32")
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    tokenizer = json.loads((source / "tokenizer_config.json").read_text())
+    tokenizer["tokenizer_class"] = "PreTrainedTokenizerFast"  # REST's model loads the tokenizer; 4.37's class name
+    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer, indent=2))
+    # tokenizers 0.15 reads BPE merges as "a b" strings; later releases write them as pairs
+    fast = json.loads((source / "tokenizer.json").read_text())
+    merges = fast.get("model", {}).get("merges") or []
+    fast["model"]["merges"] = [" ".join(m) if isinstance(m, list) else m for m in merges] if merges else merges
+    (folder / "tokenizer.json").write_text(json.dumps(fast, ensure_ascii=False))
+    for name in ("model.safetensors", "generation_config.json"):
+        target = folder / name
+        if not target.exists():
+            target.symlink_to(source / name)
+    return folder
+
+
+def first_difference(ours: list[int], past: list[int], upstream: list[int], learns_past: bool,
+                     ended_at_stop: bool = False) -> int | None:
+    """The first tree step whose accepted length differs, or None: our answer's steps, then the steps decoded past
+    it, against upstream's; our answer's last step may be cut short by max_new_tokens. Upstream's steps past our
+    answer count only for a method that carries state to the next question (`learns_past`). After an answer that
+    ended at a stop token they are compared by number only: a loop that commits its pending token records the stop
+    token alone in its step past ours, which we record as that step's own tokens."""
+    for i, length in enumerate(ours):
+        if i >= len(upstream):
+            return i
+        last = i == len(ours) - 1
+        if length != upstream[i] and not (last and length < upstream[i]):
+            return i
+    rest = upstream[len(ours):]
+    if not learns_past:
+        return None
+    for j, length in enumerate(past):
+        if j >= len(rest) or (rest[j] != length and not ended_at_stop):
+            return len(ours) + j
+    return None if len(rest) == len(past) else len(ours) + len(past)
+
+
+def run_ours(lm, method_name: str, prompts: list[list[int]], max_new_tokens: int) -> list[dict]:
+    from evaluation.engine import decode_turn
+    from evaluation.tools.half_precision import build_method
+
+    method = build_method(lm, method_name, **UPSTREAM_OPTIONS.get(method_name, {}))
+    fed: list[list[int]] = []
+    draft = method.draft
+
+    def recording_draft(state):
+        tree = draft(state)
+        # Upstream's Lookahead feeds its first window with the prompt, in its prefill: our step on the last prompt
+        # token is part of that forward, and upstream's later forwards lay out the window before the guesses.
+        merged = method_name in WINDOW_IN_PREFILL and len(state.tokens) == prompt_length[0]
+        if len(fed) < TREES and not merged:
+            side = tree.side.tokens if tree.side is not None else []
+            fed.append([state.tokens[-1], *side, *tree.tokens])
+        return tree
+
+    method.draft = recording_draft
+    results = []
+    prompt_length = [0]
+    for prompt in prompts:
+        fed.clear()
+        prompt_length[0] = len(prompt)
+        result = decode_turn(lm, method, prompt, max_new_tokens)
+        results.append({"tokens": result.new_ids, "accept_lengths": result.accept_lengths[1:],
+                        "learns_past": method.learns_past_answer,
+                        "past": result.past_answer_lengths, "seconds": result.wall_time, "fed": list(fed)})
+    return results
+
+
+def rest_job(lm, scratch: Path) -> dict:
+    """Our REST datastore's entries, for upstream's writer to index: the same turns on both sides."""
+    from evaluation.tools.half_precision import build_method
+
+    method = build_method(lm, "rest")
+    store, config = method.store, method.config
+    index = scratch / f"rest-{store.folder.name}.idx"
+    return {"rest_tokens": str(store.folder / "tokens.npy"), "rest_starts": str(store.folder / "starts.npy"),
+            "rest_index": str(index), "rest_index_ready": index.is_file(), "vocab_size": lm.model.config.vocab_size,
+            "rest_num_draft": config.num_draft, "rest_max_token_span": config.max_token_span}
+
+
+def lookahead_job(lm) -> dict:
+    from evaluation.tools.half_precision import build_method
+
+    config = build_method(lm, "lookahead").config
+    return {"lade_level": config.level, "lade_window": config.window, "lade_guess": config.guess}
+
+
+# Our options that differ from upstream's by default, set to upstream's for the comparison.
+UPSTREAM_OPTIONS = {"lookahead": {"full_match_bonus": False}}
+# Methods whose upstream breaks ties in hash order, random per process: upstream runs twice, to show it differs
+# from itself (REST's draftretriever, quirk (b) in docs/methods/rest.md).
+RANDOM_UPSTREAM = {"rest"}
+# Methods whose upstream prefill also feeds the first step's draft (their first compared tree is the next forward).
+WINDOW_IN_PREFILL = {"lookahead"}
+JOBS = {"rest": rest_job, "lookahead": lambda lm, scratch: lookahead_job(lm)}
+
+
+def run_upstream(python: Path, copy: Path, model: Path, method: str, prompts: list[list[int]], eos: int,
+                 max_new_tokens: int, scratch: Path, extra: dict) -> dict:
+    job = {"spec_bench": str(copy), "model": str(model), "method": method, "prompts": prompts, "eos": eos,
+           "max_new_tokens": max_new_tokens, "threads": 1, "trees": TREES, **extra}
+    job_file, out_file = scratch / f"{method}.job.json", scratch / f"{method}.out.json"
+    job_file.write_text(json.dumps(job))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["OMP_NUM_THREADS"] = "1"
+    driver = Path(__file__).with_name("upstream_driver.py")
+    done = subprocess.run([str(python), str(driver), str(job_file), str(out_file)], env=env, cwd=copy,
+                          capture_output=True, text=True)
+    if done.returncode:
+        raise UpstreamFailed(f"upstream {method} failed:\n{done.stderr[-3000:]}")
+    return json.loads(out_file.read_text())
+
+
+def compare(method: str, names: list[str], ours: list[dict], upstream: list[dict], max_new_tokens: int) -> list[dict]:
+    rows = []
+    for name, mine, theirs in zip(names, ours, upstream):
+        difference = first_difference(mine["accept_lengths"], mine["past"], theirs["accept_lengths"],
+                                      mine["learns_past"], ended_at_stop=len(mine["tokens"]) < max_new_tokens)
+        # upstream may stop a token short (a step cap of max_new_tokens) or run past it: the common part is compared
+        common = min(len(mine["tokens"]), len(theirs["tokens"]))
+        rows.append({
+            "method": method, "prompt": name,
+            "tokens_identical": mine["tokens"][:common] == theirs["tokens"][:common],
+            "tokens_ours": len(mine["tokens"]), "tokens_upstream": len(theirs["tokens"]),
+            "accept_lengths_identical": difference is None,
+            "first_differing_step": "" if difference is None else difference,
+            "steps_ours": len(mine["accept_lengths"]) + len(mine["past"]),
+            "steps_upstream": len(theirs["accept_lengths"]),
+            "first_trees_identical": mine["fed"] == theirs["fed"],
+            "tok_s_ours": len(mine["tokens"]) / mine["seconds"],
+            "tok_s_upstream": len(theirs["tokens"]) / theirs["seconds"],
+            "accept_lengths_ours": " ".join(map(str, mine["accept_lengths"])) + (
+                " | " + " ".join(map(str, mine["past"])) if mine["past"] else ""),
+            "accept_lengths_upstream": " ".join(map(str, theirs["accept_lengths"])),
+        })
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--spec-bench", type=Path, required=True, help="a clone of hemingkx/Spec-Bench at fd2c1cd")
+    parser.add_argument("--methods", default="recycling,sam,sam-no-fallback,lookahead",
+                        help="also: rest (builds Spec-Bench's DraftRetriever with cargo into the side environment)")
+    parser.add_argument("--questions", default="81,161,241,321,401,481")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--out", type=Path, default=ROOT / "results" / "upstream")
+    args = parser.parse_args(argv)
+    methods = args.methods.split(",")
+    driver = Path(__file__).with_name("upstream_driver.py").read_text()
+    unknown = [m for m in methods if f'"{m}":' not in driver]
+    if unknown:
+        raise SystemExit(f"error: no upstream loop for {', '.join(unknown)} (known: lookahead, rest, recycling, "
+                         "sam, sam-no-fallback)")
+
+    import torch
+
+    from evaluation.engine.device import cpu_name
+    from evaluation.models import default_cache_dir
+    from evaluation.provenance import commit
+    from evaluation.questions import load_questions
+    from evaluation.templates import build_prompt_ids
+    from evaluation.tools.half_precision import compose_config
+
+    torch.set_num_threads(1)
+    cfg = compose_config("model=smollm2-135m", "model.dtype=float32", "run.device=cpu")
+    from evaluation.models import load_model
+
+    lm = load_model(cfg.model, "cpu")
+    wanted = [int(q) for q in args.questions.split(",")]
+    question_file = Path(cfg.bench.question_file)
+    if not question_file.is_file():
+        question_file = ROOT.parent / "shared" / "data" / "spec_bench" / "question.jsonl"
+    by_id = {q.question_id: q for q in load_questions(question_file)}
+    missing = [q for q in wanted if q not in by_id]
+    if missing:
+        raise SystemExit(f"error: question ids not in {question_file}: {missing}")
+    names = [f"q{q}" for q in wanted]
+    prompts = [build_prompt_ids(lm.tokenizer, lm.chat_template, [], by_id[q].turns[0]) for q in wanted]
+
+    scratch = ROOT / "results" / "scratch" / "upstream"
+    scratch.mkdir(parents=True, exist_ok=True)
+    python = side_environment(default_cache_dir())
+    copy = upstream_copy(args.spec_bench.resolve(), scratch)
+    model = side_model(Path(lm.source), scratch)
+    if "rest" in methods:
+        draftretriever_installed(python, args.spec_bench.resolve())
+    eos = int(lm.tokenizer.eos_token_id)
+    rows, side_version = [], "?"
+    for method in methods:
+        print(f"{method}: upstream's loop, then ours, on {len(prompts)} prompts...", flush=True)
+        started = time.perf_counter()
+        extra = JOBS[method](lm, scratch) if method in JOBS else {}
+        try:
+            theirs = run_upstream(python, copy, model, method, prompts, eos, args.max_new_tokens, scratch, extra)
+        except UpstreamFailed as failure:  # the others still run; the table says which one failed and why
+            print(failure, file=sys.stderr)
+            rows.append({"method": method, "prompt": "all", "upstream_error": str(failure).splitlines()[-1]})
+            continue
+        side_version = theirs["transformers"]
+        mine = run_ours(lm, method, prompts, args.max_new_tokens)
+        compared = compare(method, names, mine, theirs["results"], args.max_new_tokens)
+        if method in RANDOM_UPSTREAM:  # does upstream agree with itself? a second process, the same prompts
+            again = run_upstream(python, copy, model, method, prompts, eos, args.max_new_tokens, scratch, extra)
+            for row, first, second in zip(compared, theirs["results"], again["results"]):
+                row["upstream_repeats_itself"] = (first["accept_lengths"] == second["accept_lengths"]
+                                                  and first["fed"] == second["fed"])
+        rows += compared
+        print(f"{method}: {time.perf_counter() - started:.0f} s", flush=True)
+    table = pd.DataFrame(rows)
+    args.out.mkdir(parents=True, exist_ok=True)
+    from evaluation.files import replacing, write_text
+
+    with replacing(args.out / "parity.csv") as tmp:
+        table.to_csv(tmp, index=False, float_format="%.2f")
+    setting = (f"SmolLM2-135M-Instruct, float32, 1 thread, first turn of questions {args.questions} in that order, "
+               f"{args.max_new_tokens} new tokens, one method object (and upstream process) per method. "
+               f"Machine: {cpu_name()}. Commit {commit()['git_commit'][:7]}"
+               f"{' (uncommitted changes)' if commit()['git_dirty'] else ''}; upstream: Spec-Bench as given "
+               f"({args.spec_bench}), transformers {side_version} on its side.")
+    summary = table.drop(columns=["accept_lengths_ours", "accept_lengths_upstream"], errors="ignore")
+    write_text(args.out / "parity.md", f"{setting}\n\n{summary.to_markdown(index=False, floatfmt='.1f', missingval='')}\n")
+    print(summary.to_markdown(index=False, floatfmt=".1f", missingval=""))
+
+
+if __name__ == "__main__":
+    main()
