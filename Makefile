@@ -104,11 +104,15 @@ ablations: setup data  ## [~45 min] LogitSpec ablation sweeps (conf/experiment/a
 	$(PY) -m evaluation.report --results results/ablations/runs --out results/ablations
 	$(PY) -m evaluation.report.figures --results results/ablations/runs --out results/ablations/figures
 
-# A clone of hemingkx/Spec-Bench (commit fd2c1cd) for `make upstream-parity`.
+# Clones for `make upstream-parity`: hemingkx/Spec-Bench at fd2c1cd (required), smart-lty/LogitSpec at 659bba9 and
+# AMD-AIG-AIMA/Gumiho at 9a1bc87 (optional: their methods are compared when given).
 SPEC_BENCH ?=
-upstream-parity: setup data  ## [~15 min; a side environment once] Token Recycling and SAM beside Spec-Bench's own code, step for step (SPEC_BENCH=<clone>)
+LOGITSPEC ?=
+GUMIHO ?=
+upstream-parity: setup data  ## [~25 min; side environments once] our methods beside their upstream code, step for step (SPEC_BENCH=<clone> [LOGITSPEC=<clone>] [GUMIHO=<clone>])
 	@[ -n "$(SPEC_BENCH)" ] || { echo "error: give SPEC_BENCH=<a clone of hemingkx/Spec-Bench at fd2c1cd>" >&2; exit 2; }
-	$(PY) -m evaluation.tools.upstream_parity --spec-bench $(SPEC_BENCH)
+	$(PY) -m evaluation.tools.upstream_parity --spec-bench $(SPEC_BENCH) $(if $(LOGITSPEC),--logitspec $(LOGITSPEC)) \
+		$(if $(GUMIHO),--gumiho $(GUMIHO))
 
 exactness: setup  ## [~3 min] goodness-of-fit of every method's sampled output (results/sampling/exactness.csv)
 	$(PY) -m evaluation.tools.exactness

@@ -156,3 +156,74 @@ def test_principled_setting_is_lossless_and_drafts_otherwise(lm, assert_lossless
     upstream = assert_lossless(TokenRecycling(TokenRecycling.Config(), lm), names=ONE_PER_SUBTASK)
     assert all(r.accept_lengths[0] == 0 for r in upstream.values())
     assert any(upstream[n].accept_lengths[1:] != results[n].accept_lengths[1:] for n in ONE_PER_SUBTASK)
+
+
+def fake_model(vocab: int = 16, stop_ids=frozenset({15})):
+    """What the drafter reads of a model: its vocabulary size and stop tokens."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(model=SimpleNamespace(config=SimpleNamespace(vocab_size=vocab)), stop_ids=stop_ids)
+
+
+def ranked_logits(rows: int, vocab: int = 16) -> torch.Tensor:
+    """Row i ranks the tokens (i, i+1, ...) mod vocab first: its top-8 are i..i+7."""
+    logits = torch.zeros(rows, vocab)
+    for i in range(rows):
+        logits[i, (torch.arange(vocab) + i) % vocab] = torch.arange(vocab, 0, -1.0)
+    return logits
+
+
+def top8(i: int, vocab: int = 16) -> list[int]:
+    return [(i + j) % vocab for j in range(8)]
+
+
+def test_first_step_rows_prompt_end_and_after_prefill():
+    # prompt_end (upstream): the first tree grows below the last prompt token from an empty matrix, so every node
+    # drafts token 0, and the step writes the rows of all 81 nodes: the last prompt token's from node 0, token 0's
+    # from the last node (a token at several nodes keeps its last node's row).
+    drafter = AdjacencyDrafter(16, "2.2.2", prefill_row=False)
+    drafter.reset([1, 2, 3])
+    tree = drafter.draft(DecodeState([1, 2, 3], 2, torch.zeros(16), 10))
+    assert tree.tokens == [0] * 80 and not drafter.rows.any()
+    drafter.learn(np.asarray([3] + tree.tokens), ranked_logits(81))
+    assert drafter.rows[3].tolist() == top8(0) and drafter.rows[0].tolist() == top8(80)
+    assert drafter.seen.sum() == 2
+    # after_prefill: the prefill's last logits become the last prompt token's row when the first tree is drafted
+    # below the first generated token.
+    drafter = AdjacencyDrafter(16, "2.2.2", prefill_row=True)
+    drafter.reset([1, 2, 3])
+    tree = drafter.draft(DecodeState([1, 2, 3, 7], 3, ranked_logits(1)[0].roll(5), 10))
+    assert drafter.rows[3].tolist() == top8(5) and drafter.seen.sum() == 1
+    assert tree.tokens[:8] == [0] * 8  # token 7's row is still empty
+
+
+def test_end_of_turn_upstream_learns_until_upstream_stops():
+    """end_of_turn: upstream learns from every step its loop would run to the end of (no stop token among the
+    accepted drafts, at most max_new_tokens committed before the bonus), and asks for another step unless the
+    bonus is a stop token or the step cap is reached."""
+    from evaluation.engine.method import StepOutcome
+    from evaluation.engine.tree import Verdict
+
+    def step(method, generated, accepted, bonus, max_new_tokens=10):
+        prompt = [1, 2, 3]
+        state = DecodeState(prompt + [4] * generated, len(prompt), torch.zeros(16), max_new_tokens)
+        tree = method.draft(state)
+        verdict = Verdict(list(range(len(accepted) + 1)), accepted, bonus, [0] * (len(tree) + 1))
+        method.drafter.clear()
+        method.update(state, StepOutcome(accepted + [bonus], verdict, ranked_logits(len(tree) + 1), None, None))
+        return bool(method.drafter.rows.any()), method.more
+
+    method = TokenRecycling(TokenRecycling.Config(), fake_model())
+    method.reset([1, 2, 3])
+    assert step(method, 5, [6], 7) == (True, True)  # an ordinary step
+    assert step(method, 5, [15], 7) == (False, False)  # a stop token among the accepted drafts: no update
+    assert step(method, 5, [6], 15) == (True, False)  # a stop token as the bonus: the update, then the end
+    assert step(method, 11, [6], 7) == (True, True)  # 10 committed before the bonus: still learns
+    assert step(method, 12, [6], 7) == (False, False)  # more than max_new_tokens before the bonus: stops first
+
+
+@pytest.mark.parametrize("first_step,end_of_turn", [("prompt_end", "answer"), ("after_prefill", "upstream")])
+def test_mixed_switches_are_lossless(lm, assert_lossless, first_step, end_of_turn):
+    """The two settings the defaults and the principled test leave out."""
+    config = TokenRecycling.Config(first_step=first_step, end_of_turn=end_of_turn)
+    assert_lossless(TokenRecycling(config, lm), names=("q81", "q81-turn2", "q241"))

@@ -162,3 +162,40 @@ def test_sam_principled_setting_is_lossless(lm, assert_lossless):
     principled = SamConfig(pad_chain=False, prefill_rows="last", end_of_turn="answer", adjacency_scope="question")
     results = assert_lossless(SamDecoding(principled, lm), names=ONE_PER_SUBTASK)
     assert not any(r.past_answer_lengths for r in results.values())
+
+
+def test_prefill_rows_all_and_last():
+    """prefill_rows: all (upstream) writes the recycling row of every prompt token from the prefill's logits (a
+    repeated token keeps its last position's row); last writes only the last prompt token's, at the first draft."""
+    from tests.test_recycling import fake_model, ranked_logits, top8
+
+    prompt = [1, 2, 3, 2]
+    method = SamDecoding(SamConfig(prefill_rows="all"), fake_model())
+    assert method.needs_prompt_logits
+    method.reset(prompt)
+    method.learn_from_prompt(prompt, ranked_logits(4))
+    rows = method.fallback.adjacency
+    assert rows[1].tolist() == top8(0) and rows[3].tolist() == top8(2) and rows[2].tolist() == top8(3)
+    assert int(rows.any(dim=1).sum()) == 3
+
+    method = SamDecoding(SamConfig(prefill_rows="last"), fake_model())
+    assert not method.needs_prompt_logits
+    method.reset(prompt)
+    method.draft(DecodeState(prompt + [9], len(prompt), ranked_logits(1)[0].roll(4), 10))
+    rows = method.fallback.adjacency
+    assert rows[2].tolist() == top8(4) and int(rows.any(dim=1).sum()) == 1
+
+
+@pytest.mark.parametrize("option,value", [("prefill_rows", "first"), ("end_of_turn", "never")])
+def test_check_rejects_bad_switch_values(option, value):
+    with pytest.raises(OptionError, match=option):
+        SamConfig(**{option: value}).check()
+
+
+@pytest.mark.parametrize("prefill_rows,end_of_turn,pad_chain", [
+    ("all", "upstream", False), ("all", "answer", True), ("all", "answer", False),
+    ("last", "upstream", True), ("last", "upstream", False), ("last", "answer", True)])
+def test_mixed_switches_are_lossless(lm, assert_lossless, prefill_rows, end_of_turn, pad_chain):
+    """The six settings of the three switches the defaults and the principled test leave out."""
+    config = SamConfig(prefill_rows=prefill_rows, end_of_turn=end_of_turn, pad_chain=pad_chain)
+    assert_lossless(SamDecoding(config, lm), names=("q81", "q81-turn2", "q241"))

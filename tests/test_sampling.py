@@ -114,7 +114,9 @@ def test_every_method_samples_on_real_prompts_and_tends_to_greedy(config_name, l
     result = decode_turn(stops_often, method, lossless_prompts["q401"], 24, sampler=sampler)
     ids = result.new_ids
     assert 1 <= len(ids) <= 24 and sum(result.accept_lengths) == len(ids)
-    assert all(1 <= n <= method.max_nodes + 1 for n in result.accept_lengths)
+    prefill, *steps = result.accept_lengths
+    assert prefill == (0 if method.prefill_stops_short else 1)  # a prefill stopped short commits nothing
+    assert all(1 <= n <= method.max_nodes + 1 for n in steps)
     stops = [i for i, t in enumerate(ids) if t in stops_often.stop_ids]
     assert stops in ([], [len(ids) - 1])  # the turn ends at its first stop token, drafts after it dropped
     assert result.stop_reason == ("stop_token" if stops else "max_new_tokens")

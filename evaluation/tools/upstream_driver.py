@@ -1,7 +1,8 @@
-"""Runs Spec-Bench's own decoding loops on given prompt ids, for `evaluation.tools.upstream_parity`.
+"""Runs upstream's own decoding loops (Spec-Bench's, LogitSpec's, Gumiho's) on given prompt ids, for
+`evaluation.tools.upstream_parity`.
 
-Started by that tool in a side environment with upstream's pins, on a copy of Spec-Bench patched only for the
-device; it imports nothing from this project (whose `evaluation` package would clash with Spec-Bench's). Reads a
+Started by that tool in a side environment with upstream's pins, on a copy of the upstream repository patched only
+for the device; it imports nothing from this project (whose `evaluation` package would clash with upstream's). Reads a
 job (JSON) and writes, per prompt in order: the new token ids, the accepted length of every step, the ids each of
 the first forwards fed (the first steps' trees) and the seconds taken.
 
@@ -128,8 +129,63 @@ def load_lookahead(job: dict):
     return model, run
 
 
+def load_logitspec(job: dict):
+    """LogitSpec (smart-lty/LogitSpec `evaluation/inference_logitspec.py`, `model/logitspec/`): its own Llama with a
+    preallocated cache, greedy, with the tree settings of our configuration."""
+    inference = importlib.import_module("evaluation.inference_logitspec")
+    llama = importlib.import_module("model.logitspec.modeling_llama_kv")
+    model = llama.LlamaForCausalLM.from_pretrained(job["model"], torch_dtype=torch.float32).eval()
+    tokenizer = SimpleNamespace(eos_token_id=job["eos"], pad_token_id=job["eos"])
+
+    def run(prompt: list[int]):
+        ids, _, _, lengths = inference.logitspec_forward(
+            SimpleNamespace(input_ids=torch.tensor([prompt])), model, tokenizer, job["max_new_tokens"], 0.0,
+            job["logitspec_max_ngram_size"], job["logitspec_num_pred_tokens"], job["logitspec_draft_tree_capacity"])
+        return ids[0, len(prompt):].tolist(), [int(x) for x in lengths]
+
+    return model, run
+
+
+def load_gumiho(job: dict):
+    """Gumiho (AMD-AIG-AIMA/Gumiho `gumiho/model/gumiho_model.py`): its target model with a preallocated cache and
+    its draft built as `GumihoModel.from_pretrained` builds it, from our draft's weights (which leave out the
+    target's embedding: the draft shares it) and our tree settings as its command-line arguments. Upstream keeps no
+    accepted lengths, so they are read off its `evaluate_posterior` (accepted drafts, plus the bonus token)."""
+    from safetensors.torch import load_file
+    import transformers
+
+    gumiho_model = importlib.import_module("gumiho.model.gumiho_model")
+    base = gumiho_model.KVLlamaForCausalLM.from_pretrained(job["model"], torch_dtype=torch.float32).eval()
+    state = load_file(job["gumiho_weights"])
+    state["embed_tokens.weight"] = base.model.embed_tokens.weight.detach().clone()
+    args = SimpleNamespace(**job["gumiho_args"])
+    # Upstream asks for the slow tokenizer, only to read its eos id; SmolLM2 ships the fast one alone.
+    slow = transformers.AutoTokenizer.from_pretrained
+    gumiho_model.AutoTokenizer.from_pretrained = lambda path, **kw: slow(path)
+    model = gumiho_model.GumihoModel(base, job["model"], job["gumiho_config"], args.total_tokens, args.depth,
+                                     args.top_k, 1.0, state, args).eval()
+    lengths: list[int] = []
+    posterior = gumiho_model.evaluate_posterior
+
+    def recording_posterior(*a, **kw):
+        best, accept_length, sample_p = posterior(*a, **kw)
+        lengths.append(int(accept_length) + 1)
+        return best, accept_length, sample_p
+
+    gumiho_model.evaluate_posterior = recording_posterior
+
+    def run(prompt: list[int]):
+        lengths.clear()
+        ids = model.gumihoGenerate(torch.tensor([prompt]), temperature=0.0, max_new_tokens=job["max_new_tokens"])
+        return ids[0, len(prompt):].tolist(), list(lengths)
+
+    return base, run
+
+
 LOADERS = {
+    "gumiho": load_gumiho,
     "lookahead": load_lookahead,
+    "logitspec": load_logitspec,
     "rest": load_rest,
     "recycling": load_recycling,
     "sam": lambda job: load_sam(job, "token_recycle"),
@@ -153,7 +209,7 @@ class FedIds:
 
 def main(job_path: str, out_path: str) -> None:
     job = json.loads(open(job_path).read())
-    sys.path.insert(0, job["spec_bench"])
+    sys.path.insert(0, job["upstream"])
     torch.set_num_threads(job["threads"])
     # The answer-file writer (fastchat's judge utilities) is never called: the forward functions are called directly.
     writer = types.ModuleType("evaluation.eval")

@@ -1,14 +1,16 @@
 """Our methods beside Spec-Bench's own code, step for step, on the same prompt ids (docs/upstream-parity.md).
 
-    python -m evaluation.tools.upstream_parity --spec-bench PATH [--methods recycling,sam,sam-no-fallback]
+    python -m evaluation.tools.upstream_parity --spec-bench PATH [--logitspec PATH] [--methods recycling,sam,...]
         [--questions 81,161,241,321,401,481] [--max-new-tokens 128] [--out results/upstream]
 
-PATH is a clone of hemingkx/Spec-Bench (commit fd2c1cd). The tool
+--spec-bench is a clone of hemingkx/Spec-Bench (commit fd2c1cd), --logitspec one of smart-lty/LogitSpec (commit
+659bba9). The tool
 1. builds a side environment once (`~/.cache/specdec-harness/upstream-env`): transformers 4.37.1, tokenizers
    0.15.2 and huggingface_hub 0.20.3 installed without dependencies, everything else (this project's CPU torch
    included) read from this project's environment;
-2. copies Spec-Bench's `model/` and `evaluation/` and patches them only for the device (CUDA to CPU), and writes
-   the embedded model's config in the form transformers 4.37 reads (`rope_theta`);
+2. copies each upstream's `model/` and `evaluation/` and patches them only for the device (CUDA to CPU; REST's
+   cache for grouped-query attention), and writes the embedded model's config in the form transformers 4.37 reads
+   (`rope_theta`); for REST it builds Spec-Bench's DraftRetriever (Rust) with cargo;
 3. decodes the first turn of each question in order with our method (defaults: upstream's settings; one method
    object for all prompts, so state carried across questions is carried on both sides) and with upstream's loop,
    float32, one thread, the same prompt ids;
@@ -31,13 +33,16 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[2]
-SIDE_PINS = ("transformers==4.37.1", "tokenizers==0.15.2", "huggingface_hub==0.20.3")
+SPEC_BENCH_PINS = ("transformers==4.37.1", "tokenizers==0.15.2", "huggingface_hub==0.20.3")
+GUMIHO_PINS = ("transformers==4.36.2", "tokenizers==0.15.2", "huggingface_hub==0.20.3", "loguru==0.7.2",
+               "addict==2.4.0")
 TREES = 2  # the first tree steps whose fed ids are compared
-# Spec-Bench files patched for the CPU (and one for the model): (path, text, replacement); every other line runs as
+# Upstream files patched for the CPU (and one for the model): (path, text, replacement); every other line runs as
 # upstream wrote it.
 DEVICE_PATCHES = (
     ("evaluation/inference_lookahead.py", ".cuda()", ".to('cpu')"),
@@ -47,27 +52,57 @@ DEVICE_PATCHES = (
     # (Vicuna's); SmolLM2 has 3 for 9. The cache is sized by the key/value heads, as its attention writes them.
     ("model/rest/rest/model/kv_cache.py", "        config.num_attention_heads,\n        config.max_position_embeddings,",
      "        config.num_key_value_heads,\n        config.max_position_embeddings,"),
+    ("model/logitspec/logitspec.py", "torch.device('cuda:0')", "torch.device('cpu')"),
+    # Gumiho compiles its MLP heads for the GPU (torch.compile max-autotune, CUDA synchronisation) after casting
+    # them to float16, a no-op for its float16 models; on the CPU in float32 they stay as loaded.
+    ("gumiho/model/gumiho_model.py", "        self.gumiho_layer.compile_mlp()\n", "\n"),
+    # Its draft casts to float16 before the head, again a no-op for its models: here, to the head's dtype.
+    ("gumiho/model/cnets.py", "head(out_hidden[0].half())", "head(out_hidden[0].to(head.weight.dtype))"),
+    ("gumiho/model/cnets.py", "head(_out_hidden.half())", "head(_out_hidden.to(head.weight.dtype))"),
 )
+
+
+class Upstream(NamedTuple):
+    """A repository that holds upstream loops: how it is named on the command line, how it is recognised, what of
+    it is copied and the pins of its side environment."""
+    option: str
+    repository: str
+    commit: str
+    marker: str  # a file every checkout of it has
+    parts: tuple[str, ...]
+    pins: tuple[str, ...]
+
+
+SPEC_BENCH = Upstream("--spec-bench", "hemingkx/Spec-Bench", "fd2c1cd", "evaluation/inference_recycling.py",
+                      ("model", "evaluation"), SPEC_BENCH_PINS)
+LOGITSPEC = Upstream("--logitspec", "smart-lty/LogitSpec", "659bba9", "evaluation/inference_logitspec.py",
+                     ("model", "evaluation"), SPEC_BENCH_PINS)
+GUMIHO = Upstream("--gumiho", "AMD-AIG-AIMA/Gumiho", "9a1bc87", "gumiho/model/gumiho_model.py", ("gumiho",),
+                  GUMIHO_PINS)
+UPSTREAMS = (SPEC_BENCH, LOGITSPEC, GUMIHO)
+# Where each method's upstream loop lives (Spec-Bench unless named here).
+UPSTREAM_OF = {"logitspec": LOGITSPEC, "gumiho": GUMIHO}
 
 
 class UpstreamFailed(Exception):
     """Upstream's loop ended in an error (its last lines)."""
 
 
-def side_environment(cache: Path) -> Path:
-    """The side interpreter with upstream's pins, built once; this project's packages fill in the rest."""
-    env = cache / "upstream-env"
+def side_environment(cache: Path, pins: tuple[str, ...]) -> Path:
+    """The side interpreter with upstream's pins, built once per set of pins; this project's packages fill in the
+    rest."""
+    env = cache / f"upstream-env-{pins[0].replace('==', '-')}"
     python = env / "bin" / "python"
-    if python.exists() and (env / ".pins").exists() and (env / ".pins").read_text() == "\n".join(SIDE_PINS):
+    if python.exists() and (env / ".pins").exists() and (env / ".pins").read_text() == "\n".join(pins):
         return python
     shutil.rmtree(env, ignore_errors=True)
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target",
-                    str(site_packages(python)), *SIDE_PINS], check=True)
+                    str(site_packages(python)), *pins], check=True)
     # After the side's own packages: this environment's (torch, numpy, fschat, ...).
     ours = next(p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir())
     (site_packages(python) / "project.pth").write_text(ours + "\n")
-    (env / ".pins").write_text("\n".join(SIDE_PINS))
+    (env / ".pins").write_text("\n".join(pins))
     return python
 
 
@@ -81,7 +116,7 @@ def draftretriever_installed(python: Path, spec_bench: Path) -> None:
         return
     source = spec_bench / "model" / "rest" / "DraftRetriever"
     if shutil.which("cargo") is None:
-        raise SystemExit("error: REST's upstream needs cargo to build model/rest/DraftRetriever (Rust)")
+        raise UpstreamFailed("REST's upstream needs cargo to build model/rest/DraftRetriever (Rust)")
     build = ROOT / "results" / "scratch" / "upstream" / "DraftRetriever"
     shutil.rmtree(build, ignore_errors=True)
     shutil.copytree(source, build, ignore=shutil.ignore_patterns("wheels", "target"))
@@ -92,7 +127,7 @@ def draftretriever_installed(python: Path, spec_bench: Path) -> None:
         (build / "Cargo.lock").unlink()
         done = subprocess.run(["cargo", "build", "--release"], cwd=build, env=env, capture_output=True, text=True)
     if done.returncode:
-        raise SystemExit(f"error: cargo could not build model/rest/DraftRetriever:\n{done.stderr[-2000:]}")
+        raise UpstreamFailed(f"cargo could not build model/rest/DraftRetriever:\n{done.stderr[-2000:]}")
     package.mkdir(parents=True, exist_ok=True)
     shutil.copy(build / "draftretriever" / "__init__.py", package / "__init__.py")
     shutil.copy(build / "target" / "release" / "libdraftretriever.so", package / "draftretriever.so")
@@ -103,19 +138,22 @@ def site_packages(python: Path) -> Path:
     return python.parent.parent / "lib" / version / "site-packages"
 
 
-def upstream_copy(spec_bench: Path, scratch: Path) -> Path:
-    """Spec-Bench's `model/` and `evaluation/`, patched for the CPU (DEVICE_PATCHES)."""
-    if not (spec_bench / "evaluation" / "inference_recycling.py").is_file():
-        raise SystemExit(f"error: {spec_bench} is not a Spec-Bench checkout (no evaluation/inference_recycling.py)")
-    copy = scratch / "spec-bench"
+def upstream_copy(upstream: Upstream, checkout: Path, scratch: Path) -> Path:
+    """The checkout's code folders, patched for the CPU (the DEVICE_PATCHES of files it has)."""
+    if not (checkout / upstream.marker).is_file():
+        raise SystemExit(f"error: {checkout} is not a {upstream.repository} checkout (no {upstream.marker})")
+    copy = scratch / upstream.repository.split("/")[1]
     shutil.rmtree(copy, ignore_errors=True)
-    for part in ("model", "evaluation"):
-        shutil.copytree(spec_bench / part, copy / part)
+    for part in upstream.parts:
+        shutil.copytree(checkout / part, copy / part, ignore=shutil.ignore_patterns("__pycache__", "data"))
     for path, text, replacement in DEVICE_PATCHES:
         file = copy / path
+        if not file.is_file():
+            continue  # a file of the other repository
         source = file.read_text()
         if text not in source:
-            raise SystemExit(f"error: {path} has no '{text}': another Spec-Bench commit? (fd2c1cd expected)")
+            raise SystemExit(f"error: {path} has no '{text}': another {upstream.repository} commit? "
+                             f"({upstream.commit} expected)")
         file.write_text(source.replace(text, replacement))
     return copy
 
@@ -210,6 +248,34 @@ def rest_job(lm, scratch: Path) -> dict:
             "rest_num_draft": config.num_draft, "rest_max_token_span": config.max_token_span}
 
 
+def logitspec_job(lm) -> dict:
+    from evaluation.tools.half_precision import build_method
+
+    config = build_method(lm, "logitspec").config
+    return {"logitspec_max_ngram_size": config.max_ngram_size, "logitspec_num_pred_tokens": config.num_pred_tokens,
+            "logitspec_draft_tree_capacity": config.draft_tree_capacity}
+
+
+def gumiho_job(lm, scratch: Path) -> dict:
+    """Our committed draft in the form upstream's Gumiho reads (its config with `rope_theta` at the top, as
+    transformers 4.36 reads it), and our tree settings as upstream's arguments."""
+    from evaluation.tools.half_precision import build_method
+    from gumiho.method import committed_draft_dir
+
+    method = build_method(lm, "gumiho", **UPSTREAM_OPTIONS.get("gumiho", {}))
+    config = method.config
+    folder = committed_draft_dir(lm.name) if config.draft is None else Path(config.draft)
+    draft_config = json.loads((folder / "config.json").read_text())
+    rope = draft_config.pop("rope_parameters", None) or {}
+    draft_config.setdefault("rope_theta", rope.get("rope_theta", 10000.0))
+    converted = scratch / "gumiho-draft-config.json"
+    converted.write_text(json.dumps(draft_config, indent=2))
+    return {"gumiho_config": str(converted), "gumiho_weights": str(folder / "model.safetensors"),
+            "gumiho_args": {"total_tokens": config.total_tokens, "depth": config.depth, "top_k": config.top_k,
+                            "mlp_num": config.mlp_num, "mlptopk": config.mlptopk, "pruning": config.pruning,
+                            "complete_mask": int(config.fta), "serial_head_num": 2}}
+
+
 def lookahead_job(lm) -> dict:
     from evaluation.tools.half_precision import build_method
 
@@ -224,12 +290,20 @@ UPSTREAM_OPTIONS = {"lookahead": {"full_match_bonus": False}}
 RANDOM_UPSTREAM = {"rest"}
 # Methods whose upstream prefill also feeds the first step's draft (their first compared tree is the next forward).
 WINDOW_IN_PREFILL = {"lookahead"}
-JOBS = {"rest": rest_job, "lookahead": lambda lm, scratch: lookahead_job(lm)}
+JOBS = {"rest": rest_job, "lookahead": lambda lm, scratch: lookahead_job(lm),
+        "logitspec": lambda lm, scratch: logitspec_job(lm), "gumiho": gumiho_job}
+
+
+def upstream_commit(checkout: Path) -> str:
+    """The checkout's commit, or "as given" when it is not a git clone."""
+    done = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--short=7", "HEAD"], capture_output=True,
+                          text=True)
+    return done.stdout.strip() if done.returncode == 0 else "as given"
 
 
 def run_upstream(python: Path, copy: Path, model: Path, method: str, prompts: list[list[int]], eos: int,
                  max_new_tokens: int, scratch: Path, extra: dict) -> dict:
-    job = {"spec_bench": str(copy), "model": str(model), "method": method, "prompts": prompts, "eos": eos,
+    job = {"upstream": str(copy), "model": str(model), "method": method, "prompts": prompts, "eos": eos,
            "max_new_tokens": max_new_tokens, "threads": 1, "trees": TREES, **extra}
     job_file, out_file = scratch / f"{method}.job.json", scratch / f"{method}.out.json"
     job_file.write_text(json.dumps(job))
@@ -270,19 +344,32 @@ def compare(method: str, names: list[str], ours: list[dict], upstream: list[dict
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--spec-bench", type=Path, required=True, help="a clone of hemingkx/Spec-Bench at fd2c1cd")
-    parser.add_argument("--methods", default="recycling,sam,sam-no-fallback,lookahead",
-                        help="also: rest (builds Spec-Bench's DraftRetriever with cargo into the side environment)")
+    for upstream in UPSTREAMS:
+        parser.add_argument(upstream.option, type=Path,
+                            help=f"a clone of {upstream.repository} at {upstream.commit}")
+    parser.add_argument("--methods", default=None,
+                        help="default: recycling,sam,sam-no-fallback,lookahead,rest, and logitspec and gumiho with "
+                             "--logitspec and --gumiho; "
+                             "rest builds Spec-Bench's DraftRetriever with cargo into the side environment")
     parser.add_argument("--questions", default="81,161,241,321,401,481")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "upstream")
     args = parser.parse_args(argv)
-    methods = args.methods.split(",")
+    methods = (args.methods or "recycling,sam,sam-no-fallback,lookahead,rest" + (",logitspec" if args.logitspec else "")
+               + (",gumiho" if args.gumiho else "")).split(",")
     driver = Path(__file__).with_name("upstream_driver.py").read_text()
     unknown = [m for m in methods if f'"{m}":' not in driver]
     if unknown:
-        raise SystemExit(f"error: no upstream loop for {', '.join(unknown)} (known: lookahead, rest, recycling, "
-                         "sam, sam-no-fallback)")
+        raise SystemExit(f"error: no upstream loop for {', '.join(unknown)} (known: gumiho, lookahead, logitspec, "
+                         "rest, recycling, sam, sam-no-fallback)")
+    checkouts = {}
+    for method in methods:
+        upstream = UPSTREAM_OF.get(method, SPEC_BENCH)
+        checkout = getattr(args, upstream.option[2:].replace("-", "_"))
+        if checkout is None:
+            raise SystemExit(f"error: {method} needs {upstream.option} <a clone of {upstream.repository} at "
+                             f"{upstream.commit}>")
+        checkouts[upstream] = checkout.resolve()
 
     import torch
 
@@ -311,24 +398,26 @@ def main(argv: list[str] | None = None) -> None:
 
     scratch = ROOT / "results" / "scratch" / "upstream"
     scratch.mkdir(parents=True, exist_ok=True)
-    python = side_environment(default_cache_dir())
-    copy = upstream_copy(args.spec_bench.resolve(), scratch)
+    copies = {upstream: upstream_copy(upstream, checkout, scratch) for upstream, checkout in checkouts.items()}
     model = side_model(Path(lm.source), scratch)
-    if "rest" in methods:
-        draftretriever_installed(python, args.spec_bench.resolve())
     eos = int(lm.tokenizer.eos_token_id)
-    rows, side_version = [], "?"
+    rows, side_versions = [], {}
     for method in methods:
         print(f"{method}: upstream's loop, then ours, on {len(prompts)} prompts...", flush=True)
         started = time.perf_counter()
+        upstream = UPSTREAM_OF.get(method, SPEC_BENCH)
+        python = side_environment(default_cache_dir(), upstream.pins)
+        copy = copies[upstream]
         extra = JOBS[method](lm, scratch) if method in JOBS else {}
         try:
+            if method == "rest":
+                draftretriever_installed(python, checkouts[SPEC_BENCH])
             theirs = run_upstream(python, copy, model, method, prompts, eos, args.max_new_tokens, scratch, extra)
         except UpstreamFailed as failure:  # the others still run; the table says which one failed and why
             print(failure, file=sys.stderr)
             rows.append({"method": method, "prompt": "all", "upstream_error": str(failure).splitlines()[-1]})
             continue
-        side_version = theirs["transformers"]
+        side_versions[upstream] = theirs["transformers"]
         mine = run_ours(lm, method, prompts, args.max_new_tokens)
         compared = compare(method, names, mine, theirs["results"], args.max_new_tokens)
         if method in RANDOM_UPSTREAM:  # does upstream agree with itself? a second process, the same prompts
@@ -347,8 +436,9 @@ def main(argv: list[str] | None = None) -> None:
     setting = (f"SmolLM2-135M-Instruct, float32, 1 thread, first turn of questions {args.questions} in that order, "
                f"{args.max_new_tokens} new tokens, one method object (and upstream process) per method. "
                f"Machine: {cpu_name()}. Commit {commit()['git_commit'][:7]}"
-               f"{' (uncommitted changes)' if commit()['git_dirty'] else ''}; upstream: Spec-Bench as given "
-               f"({args.spec_bench}), transformers {side_version} on its side.")
+               f"{' (uncommitted changes)' if commit()['git_dirty'] else ''}; upstream: "
+               + ", ".join(f"{u.repository} at {upstream_commit(path)} (transformers {side_versions.get(u, '?')})"
+                           for u, path in checkouts.items()) + ".")
     summary = table.drop(columns=["accept_lengths_ours", "accept_lengths_upstream"], errors="ignore")
     write_text(args.out / "parity.md", f"{setting}\n\n{summary.to_markdown(index=False, floatfmt='.1f', missingval='')}\n")
     print(summary.to_markdown(index=False, floatfmt=".1f", missingval=""))

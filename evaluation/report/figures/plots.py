@@ -53,8 +53,9 @@ def plot_breakdown(df: pd.DataFrame, setting: str | None = None, ax=None):
 def accept_lengths(df: pd.DataFrame, setting: str | None = None) -> dict[str, np.ndarray]:
     """Every accepted length of every step, pooled over questions, turns and repeats, per method label.
 
-    Each turn's first entry is its prefill step (always 1); turns can't be told apart in the flat list, so those
-    entries are kept: the share of length 1 is slightly inflated, by one step per turn.
+    Each turn's first entry is its prefill step (1, or 0 for a method whose prefill stops one token short); turns
+    can't be told apart in the flat list, so those entries are kept: the share of length 1 (or 0) is slightly
+    inflated, by one step per turn.
     """
     df = with_settings(df)
     ok = df[(df.status == "ok")]
@@ -72,8 +73,8 @@ def plot_acceptance(df: pd.DataFrame, setting: str | None = None, include_vanill
     Right: P(accepted length > d) for draft depth d = 1..max, one line per method.
 
     Accepted length counts the bonus token, so length > d means at least d draft tokens were accepted. All
-    entries of `accept_lengths` are used, including each turn's prefill step (length 1). Vanilla (always 1) is
-    left out unless `include_vanilla`.
+    entries of `accept_lengths` are used, including each turn's prefill step (length 1, or 0 when the prefill
+    stops one token short: then a bar at 0 shows those). Vanilla (always 1) is left out unless `include_vanilla`.
     """
     df = with_settings(df)
     setting = setting or sorted(df.setting.unique())[0]
@@ -87,7 +88,8 @@ def plot_acceptance(df: pd.DataFrame, setting: str | None = None, include_vanill
     n = max(len(lengths), 1)
     longest = max((int(v.max()) for v in lengths.values()), default=1)
     top = min(cap, longest)
-    bins = np.arange(1, top + 1)
+    lowest = min((int(v.min()) for v in lengths.values() if len(v)), default=1)
+    bins = np.arange(min(lowest, 1), top + 1)
     width = 0.8 / n
     for i, (label, values) in enumerate(lengths.items()):
         clipped = np.minimum(values, top)
