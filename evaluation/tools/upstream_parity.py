@@ -428,6 +428,9 @@ def main(argv: list[str] | None = None) -> None:
         rows += compared
         print(f"{method}: {time.perf_counter() - started:.0f} s", flush=True)
     table = pd.DataFrame(rows)
+    if "upstream_repeats_itself" in table:  # asked of some methods only: blank for the others, not NaN
+        table["upstream_repeats_itself"] = table["upstream_repeats_itself"].map(
+            {True: "True", False: "False"}).fillna("")
     args.out.mkdir(parents=True, exist_ok=True)
     from evaluation.files import replacing, write_text
 
