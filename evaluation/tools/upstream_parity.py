@@ -158,14 +158,20 @@ def upstream_copy(upstream: Upstream, checkout: Path, scratch: Path) -> Path:
     return copy
 
 
+def with_top_level_rope_theta(config: dict) -> dict:
+    """A transformers 5 config in the form 4.36/4.37 read: `rope_theta` at the top, not in `rope_parameters`."""
+    rope = config.pop("rope_parameters", None) or {}
+    config.setdefault("rope_theta", rope.get("rope_theta", 10000.0))
+    return config
+
+
 def side_model(source: Path, scratch: Path) -> Path:
     """The model folder as transformers 4.37 reads it: the same weights and tokenizer, `rope_theta` at the top of
     the config, the fast tokenizer's class named as 4.37 names it."""
     folder = scratch / "model"
     folder.mkdir(parents=True, exist_ok=True)
     config = json.loads((source / "config.json").read_text())
-    rope = config.pop("rope_parameters", None) or {}
-    config.setdefault("rope_theta", rope.get("rope_theta", 10000.0))
+    with_top_level_rope_theta(config)
     config["torch_dtype"] = config.pop("dtype", "float32")
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     tokenizer = json.loads((source / "tokenizer_config.json").read_text())
@@ -266,8 +272,7 @@ def gumiho_job(lm, scratch: Path) -> dict:
     config = method.config
     folder = committed_draft_dir(lm.name) if config.draft is None else Path(config.draft)
     draft_config = json.loads((folder / "config.json").read_text())
-    rope = draft_config.pop("rope_parameters", None) or {}
-    draft_config.setdefault("rope_theta", rope.get("rope_theta", 10000.0))
+    with_top_level_rope_theta(draft_config)
     converted = scratch / "gumiho-draft-config.json"
     converted.write_text(json.dumps(draft_config, indent=2))
     return {"gumiho_config": str(converted), "gumiho_weights": str(folder / "model.safetensors"),
