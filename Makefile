@@ -144,8 +144,17 @@ half-precision: setup data  ## [~4 min] every method in bfloat16 on the CPU agai
 results-page:  ## [seconds] refresh the tables docs/results.md copies from results/ (--check: only compare)
 	$(PY) -m evaluation.tools.results_page
 
-clean:  ## [instant] remove scratch results (never the saved runs)
-	rm -rf results/scratch .pytest_cache
+# Only what nothing resumes from: each entry of results/scratch/ goes unless it holds a training state (state.pt)
+# or a run's answers (answers.jsonl); every path removed or kept is printed. Training states live in results/train/.
+clean:  ## [instant] remove scratch that nothing resumes from (never saved runs or training states; prints each path)
+	@for path in results/scratch/* results/scratch/.[!.]* .pytest_cache; do \
+		[ -e "$$path" ] || [ -L "$$path" ] || continue; \
+		if [ -n "$$(find "$$path" \( -name state.pt -o -name answers.jsonl \) -print -quit)" ]; then \
+			echo "kept $$path (a training state or run answers: resumable)"; \
+		else \
+			rm -rf -- "$$path" && echo "removed $$path"; \
+		fi; \
+	done
 
 # The draft for MODEL (conf/train/<MODEL>.yaml when present, else conf/train/default.yaml); a rerun resumes.
 # Budget and options: make train-gumiho TRAIN_ARGS="train.max_minutes=120"

@@ -9,6 +9,7 @@ the draft tree below the pending token. See docs/methods/rest.md for the quirk s
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 import numpy as np
@@ -269,6 +270,12 @@ class Rest(Method):
 
 
     Config = RestConfig
+
+    @classmethod
+    def input_files(cls, config: RestConfig, model_name: str) -> dict[str, Path]:
+        """A datastore folder given by path is named by its manifest (the digests of its files). The cached default
+        is not: it is built from the options and the model's tokenizer alone, which the run's identity has."""
+        return {"datastore": Path(config.datastore).expanduser() / "manifest.json"} if config.datastore else {}
 
     def __init__(self, config: RestConfig, model):
         super().__init__(config, model)

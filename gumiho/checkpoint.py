@@ -7,7 +7,11 @@ layers. The embedding is not loaded: the draft uses the loaded target's own (fro
 
 Our drafts are a folder with `model.safetensors` (float16), `config.json` (the draft config plus `mlp_num`) and
 `manifest.json` (how it was trained). A hub id goes through huggingface_hub's snapshot cache; a local folder is
-read directly; both then take the same path.
+read directly; both then take the same path. A folder that cannot be read (a broken config.json, weights that are
+not safetensors or not a state dict of tensors) is one `HarnessError` naming the file.
+
+`save_draft` writes the whole folder beside its destination under a temporary name, then renames it into place;
+it replaces only a folder that is itself a draft it wrote (`is_harness_draft`), never any other file or folder.
 """
 
 from __future__ import annotations
@@ -16,7 +20,9 @@ import json
 import os
 import re
 import shutil
+import uuid
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -63,20 +69,61 @@ def count_heads(state: dict) -> int:
     return max(heads) + 1 if heads else 0
 
 
+def reason(exc: BaseException) -> str:
+    """What went wrong, in one short line: torch's weights-only refusal is several lines whose useful one is the
+    unpickler's own; for anything else the first line."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    for k, line in enumerate(lines):
+        if "WeightsUnpickler error:" in line:
+            rest = line.split("WeightsUnpickler error:", 1)[1].strip() or (lines[k + 1] if k + 1 < len(lines) else "")
+            return f"weights-only unpickler: {rest.split('. ')[0].rstrip('.')}"[:300]
+    return (lines[0] if lines else type(exc).__name__)[:300]
+
+
+def _read_config(folder: Path) -> dict:
+    path = folder / "config.json"
+    if not path.is_file():
+        return {}
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise HarnessError(f"draft config {path} is not valid JSON ({reason(exc)})") from None
+    if not isinstance(config, dict):
+        raise HarnessError(f"draft config {path} is not a JSON object (it holds a {type(config).__name__})")
+    return config
+
+
 def _read_weights(folder: Path) -> dict:
-    if (folder / OUR_WEIGHTS).is_file():
+    path = folder / OUR_WEIGHTS
+    if path.is_file():
         from safetensors.torch import load_file
 
-        return load_file(folder / OUR_WEIGHTS)
-    if (folder / UPSTREAM_WEIGHTS).is_file():
-        return torch.load(folder / UPSTREAM_WEIGHTS, map_location="cpu", weights_only=True)
-    raise HarnessError(f"no {OUR_WEIGHTS} or {UPSTREAM_WEIGHTS} in {folder}")
+        try:
+            state = load_file(path)
+        except Exception as exc:  # noqa: BLE001 - any unreadable file: one line naming it
+            raise HarnessError(f"draft weights {path} cannot be read as safetensors ({reason(exc)})") from None
+    elif (folder / UPSTREAM_WEIGHTS).is_file():
+        path = folder / UPSTREAM_WEIGHTS
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)  # never runs code from the file
+        except Exception as exc:  # noqa: BLE001 - any unreadable file: one line naming it
+            raise HarnessError(f"draft weights {path} cannot be read as a PyTorch state dict ({reason(exc)})") \
+                from None
+    else:
+        raise HarnessError(f"no {OUR_WEIGHTS} or {UPSTREAM_WEIGHTS} in {folder}")
+    if not isinstance(state, dict):
+        raise HarnessError(f"draft weights {path} hold a {type(state).__name__}, not a dict of tensors")
+    for key, value in state.items():
+        if not isinstance(key, str) or not isinstance(value, torch.Tensor):
+            raise HarnessError(f"draft weights {path}: {key!r} is a {type(value).__name__}, not a tensor")
+    return state
 
 
 def load_draft(source: str | os.PathLike, target_model, attn_implementation: str = "sdpa") -> GumihoDraft:
-    """A draft for `target_model` from a local folder or hub id, on the target's device and dtype."""
+    """A draft for `target_model` from a local folder or hub id, on the target's device and dtype; a folder that
+    cannot be read or does not fit the target raises `HarnessError` (one line naming the file)."""
     folder = resolve(source)
-    config = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else {}
+    config = _read_config(folder)
     target = target_model.config
     for key in ("hidden_size", "vocab_size"):
         if key in config and config[key] != getattr(target, key):
@@ -95,23 +142,85 @@ def load_draft(source: str | os.PathLike, target_model, attn_implementation: str
     return draft.to(device=param.device, dtype=param.dtype).eval()
 
 
-def save_draft(draft: GumihoDraft, folder: str | os.PathLike, manifest: dict) -> Path:
-    """Write weights (float16 safetensors), config and manifest into `folder`, atomically (tmp, then rename)."""
+def is_harness_draft(folder: Path) -> bool:
+    """A folder `save_draft` wrote: a real folder (not a link) with a manifest.json object and a config.json of
+    this format."""
+    folder = Path(folder)
+    if folder.is_symlink() or not folder.is_dir():
+        return False
+    try:
+        manifest = json.loads((folder / "manifest.json").read_text())
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(manifest, dict) and isinstance(config, dict) and config.get("format") == FORMAT
+
+
+def check_destination(folder: str | os.PathLike) -> None:
+    """`folder` may receive a draft: it does not exist, or it is a draft the harness wrote (which is replaced).
+    Anything else stops with one line; nothing is ever deleted that the harness did not write."""
+    folder = Path(folder)
+    if (folder.exists() or folder.is_symlink()) and not is_harness_draft(folder):
+        raise HarnessError(f"{folder} exists and is not a draft written by the harness (no manifest.json and "
+                           f"config.json of {FORMAT}); it is never replaced: choose another out_dir or remove it "
+                           f"yourself")
+
+
+def _write_whole(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _sibling(folder: Path, kind: str) -> Path:
+    """A new, empty folder beside `folder` that this process created (hidden, so no reader takes it for a draft)."""
+    path = folder.with_name(f".{folder.name}.{kind}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    path.mkdir()
+    return path
+
+
+def save_draft(draft: GumihoDraft, folder: str | os.PathLike, manifest: dict,
+               files: Optional[dict[str, str]] = None) -> Path:
+    """Write weights (float16 safetensors), config, manifest and `files` ({name: text}, e.g. the curve) into a new
+    folder beside `folder`, then rename it into place. An existing `folder` is replaced only when it is a draft the
+    harness wrote (`check_destination`); the old one is moved aside first and removed once the new one is in
+    place, or moved back if that fails. A kill never leaves a half-written folder under the draft's name."""
     from safetensors.torch import save_file
 
     folder = Path(folder)
-    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    weights = {k: v.detach().to("cpu", torch.float16).contiguous() for k, v in draft.state_dict().items()}
-    save_file(weights, tmp / OUR_WEIGHTS, metadata={"format": "pt"})
-    config = draft.config.to_dict()
-    config.update(format=FORMAT, mlp_num=draft.mlp_num)
-    (tmp / "config.json").write_text(json.dumps(config, indent=1, sort_keys=True, default=str) + "\n")
-    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True, default=str) + "\n")
-    old = folder.with_name(folder.name + f".old{os.getpid()}")
-    if folder.exists():
-        folder.rename(old)
-    tmp.rename(folder)
-    shutil.rmtree(old, ignore_errors=True)
+    clash = [n for n in files or {} if n in (OUR_WEIGHTS, "config.json", "manifest.json") or Path(n).name != n]
+    if clash:
+        raise ValueError(f"save_draft: files {clash} would replace the draft's own or leave the folder")
+    check_destination(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp: Optional[Path] = _sibling(folder, "tmp")
+    aside: Optional[Path] = None
+    try:
+        weights = {k: v.detach().to("cpu", torch.float16).contiguous() for k, v in draft.state_dict().items()}
+        save_file(weights, tmp / OUR_WEIGHTS, metadata={"format": "pt"})
+        with open(tmp / OUR_WEIGHTS, "rb") as f:
+            os.fsync(f.fileno())
+        config = draft.config.to_dict()
+        config.update(format=FORMAT, mlp_num=draft.mlp_num)
+        texts = {"config.json": json.dumps(config, indent=1, sort_keys=True, default=str) + "\n",
+                 "manifest.json": json.dumps(manifest, indent=1, sort_keys=True, default=str) + "\n",
+                 **(files or {})}
+        for name, text in texts.items():
+            _write_whole(tmp / name, text.encode())
+        check_destination(folder)  # still nothing but a draft of ours there
+        if folder.exists():
+            aside = _sibling(folder, "old")
+            folder.rename(aside / folder.name)
+        tmp.rename(folder)
+        tmp = None
+    finally:
+        if tmp is not None:  # failed or interrupted: the old draft goes back, the new files go
+            if aside is not None and not folder.exists():
+                (aside / folder.name).rename(folder)
+                shutil.rmtree(aside)
+                aside = None
+            shutil.rmtree(tmp, ignore_errors=True)
+        if aside is not None:  # the new draft is in place: the old one (a draft of ours) goes
+            shutil.rmtree(aside, ignore_errors=True)
     return folder

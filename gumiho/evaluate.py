@@ -24,7 +24,14 @@ MAX_DEPTH = 7
 def heldout_set(lm, question_file: str | Path, per_subtask: int, new_tokens: int, cache: Path | None = None):
     """[(prompt_ids, continuation_ids)] for the first `per_subtask` questions of each subtask (first turns)."""
     if cache is not None and cache.is_file():
-        return torch.load(cache)
+        try:
+            return torch.load(cache, weights_only=True)  # lists of token ids; never runs code from the file
+        except Exception as exc:  # noqa: BLE001 - any unreadable file: one line naming it
+            from evaluation.engine.errors import HarnessError
+            from gumiho.checkpoint import reason
+
+            raise HarnessError(f"held-out cache {cache} cannot be read ({reason(exc)}); remove it to recompute it") \
+                from None
     from evaluation.catalog import method_class
     from evaluation.engine import decode_turn
     from evaluation.questions import load_questions, select_questions
@@ -36,8 +43,11 @@ def heldout_set(lm, question_file: str | Path, per_subtask: int, new_tokens: int
         prompt = build_prompt_ids(lm.tokenizer, lm.chat_template, [], question.turns[0])
         items.append((prompt, decode_turn(lm, vanilla, prompt, new_tokens).new_ids))
     if cache is not None:
+        from evaluation.files import replacing
+
         cache.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(items, cache)
+        with replacing(cache) as tmp:  # written whole, then renamed
+            torch.save(items, tmp)
     return items
 
 

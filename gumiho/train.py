@@ -13,15 +13,20 @@ negatives instead of the full-vocabulary log-softmax); `mlp_feature_only_tokens`
 loss for that many tokens, as upstream's first two epochs; -1 = always); `dtype: bfloat16` (autocast).
 
 Resumable: every checkpoint (draft, optimizer, scheduler, RNG states, data position, curve) is written
-atomically to `work_dir`; running the same command again continues. Several GPUs: `accelerate launch -m
+atomically to `work_dir` (default `results/train/<model>/`, outside the scratch `make clean` removes) as plain
+tensors, numbers and strings, and read back with `torch.load(weights_only=True)`: nothing in it is ever run.
+Running the same command again continues. The model's name becomes a folder name, so it is checked as a run
+checks it (`require_name`); the final draft replaces `out_dir` only when that is a draft the harness wrote
+(`gumiho.checkpoint.check_destination`, checked before training starts). Several GPUs: `accelerate launch -m
 evaluation.tools.train_gumiho ...` (each process reads every world_size-th conversation; gradients are averaged by DDP).
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
+import io
 import math
-import os
 import random
 import subprocess
 import time
@@ -36,7 +41,9 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from evaluation.engine.errors import HarnessError, OptionError, require
-from gumiho.checkpoint import save_draft
+from evaluation.engine.options import require_name, require_writable_dir
+from evaluation.files import replacing, write_text
+from gumiho.checkpoint import check_destination, reason, save_draft
 from gumiho.data import iter_samples
 from gumiho.draft_model import GumihoDraft
 from gumiho.evaluate import MAX_DEPTH, depth_accuracy, heldout_set
@@ -86,7 +93,7 @@ class TrainOptions:
     eval_new_tokens: int = 64
     eval_every_tokens: int = 0  # 0: only at the start and the end
     checkpoint_every_steps: int = 200
-    work_dir: Optional[str] = None  # default results/scratch/train/<model>
+    work_dir: Optional[str] = None  # default results/train/<model> (git-ignored; `make clean` keeps it)
     out_dir: Optional[str] = None  # default gumiho/drafts/<model>
     progress: bool = True
 
@@ -105,6 +112,17 @@ class TrainOptions:
         for name in ("max_steps", "max_tokens", "max_minutes"):
             value = getattr(self, name)
             require(value is None or value > 0, name, value, "null or > 0")
+        for name in ("work_dir", "out_dir"):
+            if getattr(self, name) is not None:
+                require_writable_dir(name, getattr(self, name))
+
+
+def default_work_dir(model_name: str) -> Path:
+    return ROOT / "results" / "train" / model_name
+
+
+def default_out_dir(model_name: str) -> Path:
+    return ROOT / "gumiho" / "drafts" / model_name
 
 
 def lr_factor(step: int, options: TrainOptions) -> float:
@@ -204,10 +222,12 @@ class Trainer:
     def __init__(self, lm, options: TrainOptions, model_name: str):
         from accelerate import Accelerator
 
+        require_name("model.name", model_name)  # it names the default folders: never a path
+        self.work_dir = Path(options.work_dir).expanduser() if options.work_dir else default_work_dir(model_name)
+        self.out_dir = Path(options.out_dir).expanduser() if options.out_dir else default_out_dir(model_name)
+        check_destination(self.out_dir)  # before any training, not after it
         self.lm, self.options = lm, options
         self.accelerator = Accelerator(cpu=lm.device.type == "cpu")
-        self.work_dir = Path(options.work_dir or ROOT / "results" / "scratch" / "train" / model_name)
-        self.out_dir = Path(options.out_dir or ROOT / "gumiho" / "drafts" / model_name)
         self.model_name = model_name
         target = lm.model
         for p in target.parameters():
@@ -227,11 +247,12 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------ state
     def state(self) -> dict:
+        """Tensors, numbers, strings and containers of them only (what `torch.load(weights_only=True)` reads)."""
         return {"draft": self.draft.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(), "step": self.step, "tokens": self.tokens,
                 "position": self.position, "seconds": self.seconds, "curve": self.curve,
                 "rng": {"torch": torch.get_rng_state(), "generator": self.generator.get_state(),
-                        "python": random.getstate(), "numpy": np.random.get_state(),
+                        "python": python_rng_state(), "numpy": numpy_rng_state(),
                         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
                 "options": asdict(self.options)}
 
@@ -239,45 +260,61 @@ class Trainer:
         if not self.accelerator.is_main_process:
             return
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.work_dir / (STATE + ".tmp")
-        torch.save(self.state(), tmp)
-        os.replace(tmp, self.work_dir / STATE)
+        with replacing(self.work_dir / STATE) as tmp:  # written whole, then renamed over the last one
+            torch.save(self.state(), tmp)
         self._write_curve(self.work_dir / CURVE)
 
     def load_state(self) -> bool:
+        """Continue from `work_dir/state.pt` when there is one; a file that cannot be read (or holds anything but
+        tensors and numbers) or does not fit this training stops with one line naming it."""
         path = self.work_dir / STATE
         if not path.is_file():
             return False
-        state = torch.load(path, map_location="cpu", weights_only=False)
-        self.draft.load_state_dict(state["draft"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.step, self.tokens, self.position = state["step"], state["tokens"], state["position"]
-        self.seconds, self.curve = state["seconds"], state["curve"]
-        rng = state["rng"]
-        torch.set_rng_state(rng["torch"])
-        self.generator.set_state(rng["generator"])
-        random.setstate(rng["python"])
-        np.random.set_state(rng["numpy"])
-        if rng["cuda"] is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(rng["cuda"])
+        start_over = "remove it, or set train.work_dir to another folder, to start over"
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)  # never runs code from the file
+        except Exception as exc:  # noqa: BLE001 - any unreadable file: one line naming it
+            raise HarnessError(f"training state {path} cannot be read ({reason(exc)}); {start_over}") from None
+        try:
+            self.draft.load_state_dict(state["draft"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])
+            self.step, self.tokens, self.position = state["step"], state["tokens"], state["position"]
+            self.seconds, self.curve = state["seconds"], state["curve"]
+            rng = state["rng"]
+            torch.set_rng_state(rng["torch"])
+            self.generator.set_state(rng["generator"])
+            set_python_rng_state(rng["python"])
+            set_numpy_rng_state(rng["numpy"])
+            if rng["cuda"] is not None and torch.cuda.is_available():
+                torch.cuda.set_rng_state_all(rng["cuda"])
+        except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as exc:
+            detail = f"{type(exc).__name__}: {reason(exc)}"
+            raise HarnessError(f"training state {path} does not fit this training ({detail}); {start_over}") \
+                from None
         return True
 
+    def _curve_text(self) -> str:
+        out = io.StringIO(newline="")
+        writer = csv.DictWriter(out, fieldnames=list(self.curve[-1]))
+        writer.writeheader()
+        writer.writerows(self.curve)
+        return out.getvalue()
+
     def _write_curve(self, path: Path) -> None:
-        if not self.curve:
-            return
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(self.curve[-1]))
-            writer.writeheader()
-            writer.writerows(self.curve)
-        os.replace(tmp, path)
+        if self.curve:
+            write_text(path, self._curve_text())
 
     # ------------------------------------------------------------------------------------ pieces
     def evaluate(self) -> dict:
         o = self.options
         if self._heldout is None:
-            cache = self.work_dir / f"heldout-{o.eval_questions}-{o.eval_new_tokens}.pt"
+            from evaluation.questions import file_sha256
+
+            # The cache is named by everything its continuations depend on: another question file or target
+            # computes its own.
+            key = hashlib.sha256(f"{file_sha256(ROOT / o.question_file)} {self.lm.source}".encode()).hexdigest()[:10]
+            cache = self.work_dir / f"heldout-{o.eval_questions}-{o.eval_new_tokens}-{key}.pt"
             self._heldout = heldout_set(self.lm, ROOT / o.question_file, o.eval_questions, o.eval_new_tokens, cache)
         result = depth_accuracy(self.draft, self.lm.model, self._heldout)
         row = {"tokens": self.tokens, "steps": self.step, "wall_hours": round(self.seconds / 3600, 5)}
@@ -369,8 +406,27 @@ class Trainer:
             "heldout_accuracy": self.curve[-1] if self.curve else None,
             "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
-        folder = save_draft(self.draft, self.out_dir, manifest)
-        self._write_curve(folder / CURVE)
+        save_draft(self.draft, self.out_dir, manifest, files={CURVE: self._curve_text()})
+
+
+def python_rng_state() -> dict:
+    version, internal, gauss = random.getstate()
+    return {"version": version, "internal": torch.tensor(internal, dtype=torch.int64), "gauss_next": gauss}
+
+
+def set_python_rng_state(state: dict) -> None:
+    random.setstate((state["version"], tuple(state["internal"].tolist()), state["gauss_next"]))
+
+
+def numpy_rng_state() -> dict:
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+            "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
+
+
+def set_numpy_rng_state(state: dict) -> None:
+    np.random.set_state((state["kind"], state["keys"].numpy().astype(np.uint32), state["pos"], state["has_gauss"],
+                         state["cached_gaussian"]))
 
 
 def options_from(cfg) -> TrainOptions:
@@ -385,4 +441,6 @@ def options_from(cfg) -> TrainOptions:
         options.check()
     except OptionError as exc:
         raise exc.in_group("train") from None
+    if options.out_dir is not None:
+        check_destination(Path(options.out_dir).expanduser())  # before the model loads
     return options

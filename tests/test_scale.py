@@ -11,6 +11,7 @@ import os
 import random
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pandas as pd
@@ -64,6 +65,32 @@ def test_a_worker_that_cannot_load_stops_the_run_in_one_line(ray_cluster, lm, tm
     with pytest.raises(HarnessError, match="question 1: prompt of .* tokens does not fit the context of 20") as caught:
         orchestrate.run(small_config(tmp_path, qfile, "model.max_context=20", "run.workers=1"))
     assert "\n" not in str(caught.value) and not (tmp_path / "runs").exists()
+
+
+def test_a_hung_worker_is_timed_out_killed_and_replaced(ray_cluster, lm, tmp_path, monkeypatch):
+    """One worker that never answers question 2: after run.question_timeout_s that question is an error record
+    naming the timeout, the worker is killed, a fresh one answers question 3, and the run ends."""
+    from evaluation.run.ray_workers import RayWorkers, Worker
+
+    class HangsOnQuestion2(Worker):  # defined in the test: Ray ships the class to its worker by value
+        def answer(self, question):
+            if question.question_id == 2:
+                time.sleep(3600)  # a forward that never returns (a deadlocked kernel, a stuck collective)
+            return Worker.answer(self, question)
+
+    monkeypatch.setattr(RayWorkers, "worker_class", HangsOnQuestion2)
+    qfile = write_questions(tmp_path / "q.jsonl", QUESTIONS)
+    began = time.monotonic()
+    [folder] = orchestrate.run(small_config(tmp_path, qfile, "run.workers=1", "run.question_timeout_s=10"))
+    assert time.monotonic() - began < 600  # far below the hung answer's hour (about 25 s on a quiet machine)
+    lines = {line["question_id"]: line for line in map(json.loads, (folder / "answers.jsonl").read_text().splitlines())}
+    assert sorted(lines) == [1, 2, 3]
+    hung = lines[2]
+    assert hung["status"] == "error" and hung["error"] == "TimeoutError: no answer after 10 s on worker 0"
+    assert hung["choices"] == [] and hung["worker"] == 0 and hung["category"] == "qa" and hung["subtask"] == "qa"
+    assert set(hung) == set(lines[1])  # the fields of every answer line
+    assert (lines[1]["status"], lines[1]["worker"]) == ("ok", 0)
+    assert (lines[3]["status"], lines[3]["worker"]) == ("ok", 1)  # the worker started in place of the hung one
 
 
 @pytest.mark.parametrize("overrides, message", [

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import typing
 from dataclasses import fields
+from types import SimpleNamespace
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -212,3 +213,46 @@ def test_reports_and_figures_without_runs_leave_outputs_untouched(tmp_path, comm
     make = "make ablations" if "ablations" in command[3] else "make bench"
     assert len(lines) == 1 and lines[0].startswith("error: no saved runs under") and make in lines[0], done.stderr
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+# ------------------------------------------------------------------------ run.question_timeout_s (Ray workers)
+TIMEOUTS = "(allowed: null (no timeout) or a number of seconds in (0, 2592000])"
+
+
+@pytest.mark.parametrize("overrides, message", [
+    # Without workers a run is never timed out: a value other than the default would silently do nothing.
+    (["run.question_timeout_s=60"],
+     "run.question_timeout_s: 60.0 (allowed: 1800 (the default) or null unless run.workers is set)"),
+    (["run.workers=2", "run.question_timeout_s=0"], f"run.question_timeout_s: 0.0 {TIMEOUTS}"),
+    (["run.workers=2", "run.question_timeout_s=-5"], f"run.question_timeout_s: -5.0 {TIMEOUTS}"),
+    (["run.workers=2", "run.question_timeout_s=nan"], f"run.question_timeout_s: nan {TIMEOUTS}"),
+    (["run.workers=2", "run.question_timeout_s=1e9"], f"run.question_timeout_s: 1000000000.0 {TIMEOUTS}"),
+    (["run.workers=2", "run.question_timeout_s=soon"], "run.question_timeout_s"),  # Hydra's type check
+])
+def test_the_question_timeout_is_checked_in_one_line(tmp_path, overrides, message):
+    questions = tmp_path / "q.jsonl"
+    questions.write_text(json.dumps({"question_id": 1, "turns": ["Say hi."]}) + "\n")
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONF)):
+        outcome, result = attempt([f"bench.question_file={questions}", *overrides])
+    assert outcome == "refused" and message in result and "\n" not in result, result
+
+
+def test_the_question_timeout_is_taken_and_is_not_part_of_a_run_identity(tmp_path):
+    """A timeout changes when a hung worker is given up, not what a run is: every value gives the same folder."""
+    import torch
+
+    from evaluation.run.folder import run_identity
+
+    questions = tmp_path / "q.jsonl"
+    questions.write_text(json.dumps({"question_id": 1, "turns": ["Say hi."]}) + "\n")
+    model = SimpleNamespace(source="model", dtype=torch.float32, device=torch.device("cpu"), prepacked=False)
+    settings = [[], ["run.question_timeout_s=null"], ["run.workers=2"], ["run.workers=2", "run.question_timeout_s=5"],
+                ["run.workers=2", "run.question_timeout_s=null"]]
+    identities = set()
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONF)):
+        for overrides in settings:
+            outcome, cfg = attempt([f"bench.question_file={questions}", *overrides])
+            assert outcome == "accepted", (overrides, cfg)
+            spec = validate(cfg)
+            identities.add(json.dumps(run_identity(spec, model, "sha", 0), sort_keys=True))
+    assert spec.run.question_timeout_s is None and len(identities) == 1

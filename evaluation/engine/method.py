@@ -9,6 +9,7 @@ the options' values (checked against `Config`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
@@ -85,6 +86,14 @@ class Method:
     def __init__(self, config, model):
         self.config = config
         self.model = model
+
+    @classmethod
+    def input_files(cls, config, model_name: str) -> dict[str, Path]:
+        """The files or folders beyond the target model that this method's drafts depend on (a trained draft, a
+        datastore), by name, as `config` selects them for the model `model_name`. A run's identity covers their
+        contents, so a draft retrained or a datastore rebuilt in place starts a new run instead of resuming the old
+        one. Asked before the model loads; a path that does not exist yet is left out (the method reports it)."""
+        return {}
 
     @property
     def max_nodes(self) -> int:

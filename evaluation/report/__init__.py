@@ -14,6 +14,27 @@ Questions that raised are listed, and left out of every statistic on both sides.
 Losslessness: a greedy run's token ids must equal vanilla's; a sampled run (temperature > 0) cannot be compared
 token for token, and its column names the statistical check instead (`evaluation.tools.exactness`, the tests'
 goodness-of-fit of every method's output distribution against the enumerated target distribution).
+
+What the report reads is checked, never trusted (each problem is one `warning:` line on stderr, naming the file and
+line; the per-run counts also go into report.md under "Data checks"):
+- every answer line against the answer record's schema (`evaluation.records`): a malformed line or a bad
+  record is left out; a last line without its newline (a run killed mid-write, or still writing) is left out too;
+- one answer per question and run: a later answer of a question is a duplicate and left out (except after an
+  answer with status "error": a question answered again after it raised counts with its new answer);
+- only the questions the run's selection asked for: the manifest's question file, when it is there and its sha256
+  is the one the run recorded, gives the selected ids, and answers of other ids are left out (when the file is
+  missing or changed, every answered id is kept, and a warning says so);
+- a manifest that cannot be read (cut short, not JSON, missing fields) leaves its run out;
+- a run answered at more than one commit (or both with and without uncommitted changes), from each answer's
+  `produced_by` (older answers: the manifest's `environment`), is flagged, and its comparison's provenance line
+  names every commit.
+Questions still failing (status "error") are listed per run at the end of report.md.
+
+Outputs: report.md, report.csv, lossless.csv, report_repeats.csv and paired_tests.csv are one set, replaced
+together or not at all (`evaluation.files.replacing_together`). Every file of the set is written each time: a
+table with nothing in it (no greedy method run to check for losslessness, a single repeat's paired tests) is
+written with its header row only, so no file is ever left over from an earlier report. With no method that has a
+vanilla run to compare with, nothing is written: one line names the missing vanilla run(s), exit status 2.
 """
 
 from __future__ import annotations
@@ -22,6 +43,7 @@ import argparse
 import json
 import re
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -29,13 +51,31 @@ import pandas as pd
 from scipy import stats
 
 from evaluation.catalog import method_display, remember_display
+from evaluation.engine.errors import HarnessError
 from evaluation.engine.timing import PARTS
-from evaluation.files import replacing, write_text
-from evaluation.questions import MT_BENCH_CATEGORIES, SUBTASK_TITLES
+from evaluation.files import replacing_together
+from evaluation.questions import MT_BENCH_CATEGORIES, SUBTASK_TITLES, file_sha256, load_questions, select_questions
+from evaluation.records import distinct_answers, read_answers
 
 ORDER = list(SUBTASK_TITLES)
 # What stands for losslessness in a sampled run's row (see the module docstring).
 SAMPLED_CHECK = "χ² exactness test"
+REPOSITORY = Path(__file__).resolve().parents[2]
+# The report's outputs, one set (see the module docstring).
+OUTPUTS = ("report.md", "report.csv", "lossless.csv", "report_repeats.csv", "paired_tests.csv")
+LOSSLESS_COLUMNS = ["comparison_key", "model", "method_label", "question_id", "subtask", "equal", "first_diff_turn",
+                    "first_diff_position", "reduced_precision", "vanilla_margin", "method_margin"]
+PAIRED_COLUMNS = ["setting_key", "model", "method_label", "questions", "mean_speedup_per_question",
+                  "faster_questions", "wilcoxon_p", "paired_t_p"]
+
+
+class NoRuns(HarnessError):
+    """No saved run to report on."""
+
+
+class NothingToCompare(HarnessError):
+    """Saved runs, but no method with a vanilla run of its settings: nothing to compare (nothing is written)."""
+
 
 def method_sort_key(label: str, method: str | None = None) -> tuple:
     """Sort key of a method label such as `logitspec,next_next=False`, the same in every table and figure: the
@@ -47,54 +87,121 @@ def method_sort_key(label: str, method: str | None = None) -> tuple:
     return rank, base, label != base, natural
 
 
+@dataclass
+class Loaded:
+    """What `read_runs` found: the tidy table (`load_runs`), the runs' manifests, and the data checks' summary
+    lines (`notes`, also in report.md; the per-line detail goes to stderr only)."""
+
+    table: pd.DataFrame
+    manifests: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
 def load_runs(results_dir: str | Path | list[str | Path]) -> pd.DataFrame:
     """One row per answered question of every run under `results_dir` (the tidy table the figures use).
 
     Several folders (e.g. two sessions on one machine) are read as separate runs: each method is compared with
     the vanilla run of its own folder, never with another folder's (its `comparison_key` gets `@1`, `@2`, ...
-    for the folder's place in the list)."""
+    for the folder's place in the list). What is left out, and why, is said on stderr (see the module docstring)."""
+    return read_runs(results_dir).table
+
+
+def read_runs(results_dir: str | Path | list[str | Path]) -> Loaded:
+    """`load_runs`, with the manifests counted and the data checks' summary lines kept."""
     folders = [results_dir] if isinstance(results_dir, (str, Path)) else list(results_dir)
+    loaded = [_load_folder(folder) for folder in folders]
+    tables = [one.table.assign(source=str(folder)) for one, folder in zip(loaded, folders)]
     if len(folders) > 1:
-        tables = [_load_folder(folder).assign(source=str(folder)) for folder in folders]
         tables = [t.assign(comparison_key=t.comparison_key + f"@{i + 1}") if not t.empty else t  # folder 1, 2, ...
                   for i, t in enumerate(tables)]
-        return pd.concat(tables, ignore_index=True)
-    return _load_folder(folders[0]).assign(source=str(folders[0]))
+    return Loaded(pd.concat(tables, ignore_index=True) if len(tables) > 1 else tables[0],
+                  sum(one.manifests for one in loaded), [note for one in loaded for note in one.notes])
 
 
-def _load_folder(results_dir: str | Path) -> pd.DataFrame:
+def warn(line: str) -> None:
+    print(f"warning: {line}", file=sys.stderr, flush=True)
+
+
+def _load_folder(results_dir: str | Path) -> Loaded:
     rows = []
+    loaded = Loaded(pd.DataFrame())
+    selections = _Selections()
+
+    def note(line: str) -> None:
+        warn(line)
+        loaded.notes.append(line)
+
     for manifest_path in sorted(Path(results_dir).glob("**/manifest.json")):
         folder = manifest_path.parent
-        manifest = json.loads(manifest_path.read_text())
+        loaded.manifests += 1
+        manifest, problem = read_manifest(manifest_path)
+        if problem:
+            note(f"{manifest_path}: {problem}; run left out")
+            continue
         remember_display(manifest["method"], manifest.get("method_display"))
         answers = folder / "answers.jsonl"
         if not answers.exists():
             continue
-        for line in answers.read_text(encoding="utf-8").splitlines():
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut off by a kill; the next run of the same command removes it
+        try:
+            lines = read_answers(answers)
+        except OSError as exc:
+            note(f"{answers}: cannot be read ({exc}); run left out")
+            continue
+        kept, duplicates = distinct_answers(lines)
+        wanted = selections.wanted(manifest, folder)
+        foreign = [(n, r) for n, r in kept if wanted is not None and r["question_id"] not in wanted]
+        for problem in lines.problems:
+            warn(f"{problem}; left out")
+        for problem in duplicates:
+            warn(str(problem))
+        for number, record in foreign:
+            warn(f"{answers}:{number}: question_id {record['question_id']!r} is not one of the questions this "
+                 f"run's selection asks for; left out")
+        left_out = {"bad": len(lines.problems), "duplicate": len(duplicates), "outside the selection": len(foreign)}
+        if any(left_out.values()):
+            total = len(lines.records) + len(lines.problems)
+            note(f"{folder}: {sum(left_out.values())} of {total} answer lines left out ("
+                 + ", ".join(f"{count} {why}" for why, count in left_out.items() if count) + ")")
+        if lines.cut_line is not None:
+            warn(f"{answers}:{lines.cut_line}: last line has no newline (a run killed while writing it, or still "
+                 "writing); left out")
+        records = [(n, r) for n, r in kept if wanted is None or r["question_id"] in wanted]
+        if wanted is not None:
+            missing = len(wanted) - len({r["question_id"] for _, r in records})
+            if missing:
+                note(f"{folder}: {missing} of the {len(wanted)} selected questions not answered (yet)")
+        env = manifest.get("environment") if isinstance(manifest.get("environment"), dict) else {}
+        commits = run_commits(manifest, [r for _, r in records])
+        if len(commits) > 1:
+            note(f"{folder}: answered at more than one commit ({', '.join(commits)}): its answers mix code versions")
+        comparison = manifest["comparison"]
+        run = {
+            "run_dir": str(folder),
+            "model": manifest["model"],
+            "method": manifest["method"],
+            "method_label": manifest.get("method_label", manifest["method"]),
+            "comparison_key": manifest["comparison_key"],
+            "setting_key": manifest.get("setting_key", manifest["comparison_key"]),
+            "repeat": comparison.get("repeat", 0),
+            "max_new_tokens": comparison.get("max_new_tokens"),
+            "temperature": (comparison.get("sampling") or {}).get("temperature", 0.0),
+            "interleaved": "schedule" in comparison,  # evaluation.run.interleave: methods in turn
+            "dtype": comparison.get("dtype", ""),
+            "device": comparison.get("device", ""),
+            "prepacked": bool(comparison.get("cpu_prepack")),
+            "run_commits": commits,
+        }
+        for _, record in records:
+            produced = record.get("produced_by") or {}
             row = {
-                "run_dir": str(folder),
-                "model": manifest["model"],
-                "method": manifest["method"],
-                "method_label": manifest.get("method_label", manifest["method"]),
-                "comparison_key": manifest["comparison_key"],
-                "setting_key": manifest.get("setting_key", manifest["comparison_key"]),
-                "repeat": manifest["comparison"].get("repeat", 0),
-                "max_new_tokens": manifest["comparison"].get("max_new_tokens"),
-                "temperature": (manifest["comparison"].get("sampling") or {}).get("temperature", 0.0),
-                "interleaved": "schedule" in manifest["comparison"],  # evaluation.run.interleave: methods in turn
-                "dtype": manifest["comparison"].get("dtype", ""),
-                "prepacked": bool(manifest["comparison"].get("cpu_prepack")),
+                **run,
                 "question_id": record["question_id"],
                 "subtask": record.get("subtask") or _subtask(record.get("category", "")),
                 "status": record.get("status", "ok"),
                 "error": record.get("error"),
+                # who answered it: the answer's own process, else (older runs) the manifest's
+                "commit": commit_label(produced if produced else env),
+                "torch_threads": produced.get("torch_threads", env.get("torch_threads")),
             }
             if row["status"] == "ok":
                 choice = record["choices"][0]
@@ -116,15 +223,114 @@ def _load_folder(results_dir: str | Path) -> pd.DataFrame:
                     for name, seconds in turn.items():
                         row[f"d_{name}"] = row.get(f"d_{name}", 0.0) + seconds
             rows.append(row)
-    return pd.DataFrame(rows)
+    for line in selections.unchecked():
+        note(line)
+    loaded.table = pd.DataFrame(rows)
+    return loaded
 
 
-def provenance(run_dirs) -> str:
+def read_manifest(path: Path) -> tuple[dict, str | None]:
+    """A run's manifest, or what is wrong with it (one line): unreadable, cut short, or missing what the report
+    needs to place the run."""
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        return {}, f"cannot be read ({exc.__class__.__name__}: {exc})"
+    except json.JSONDecodeError as exc:
+        return {}, f"not valid JSON, cut short? ({exc.msg} at line {exc.lineno} column {exc.colno})"
+    if not isinstance(manifest, dict):
+        return {}, "expected a JSON object"
+    for key, kind in (("method", str), ("model", str), ("comparison_key", str), ("comparison", dict)):
+        if not isinstance(manifest.get(key), kind):
+            return {}, f"{key}: missing or not a {'str' if kind is str else 'JSON object'}"
+    return manifest, None
+
+
+def commit_label(env: dict) -> str:
+    """`abc1234`, or `abc1234+uncommitted changes`, from a manifest's environment or an answer's `produced_by`."""
+    return str(env.get("git_commit") or "unknown")[:7] + ("+uncommitted changes" if env.get("git_dirty") else "")
+
+
+def run_commits(manifest: dict, records: list[dict]) -> tuple[str, ...]:
+    """Every commit (with its dirty flag) a run's answers were produced at: each answer's `produced_by`; for
+    answers without one (older runs), the manifest's `processes` when it lists them (any of them may have written
+    such an answer), else its `environment`."""
+    env = manifest.get("environment") if isinstance(manifest.get("environment"), dict) else {}
+    commits = {commit_label(r["produced_by"]) for r in records if r.get("produced_by")}
+    if any(not r.get("produced_by") for r in records):
+        listed = manifest.get("processes")
+        processes = [p for p in listed if isinstance(p, dict)] if isinstance(listed, list) else []
+        commits |= {commit_label(p) for p in processes} if processes else {commit_label(env)}
+    return tuple(sorted(commits))
+
+
+class _Selections:
+    """The question ids each run's selection asks for, from its question file when that is the file it ran on."""
+
+    def __init__(self):
+        self._files: dict[Path, tuple[str, list] | str] = {}  # path: (sha256, questions) or why it cannot be read
+        self._unchecked: dict[str, list[str]] = {}  # why: the runs whose selection could not be checked
+
+    def wanted(self, manifest: dict, folder: Path) -> set | None:
+        """The selected ids, or None (every answered id kept) when the question file cannot tell."""
+        comparison = manifest["comparison"]
+        name, sha = manifest.get("question_file"), comparison.get("question_sha256")
+        why = None
+        if not name:
+            why = "the manifest names no question file"
+        elif not sha:
+            why = "the manifest has no question_sha256"
+        else:
+            found = self._read(Path(name))
+            if isinstance(found, str):
+                why = found
+            elif found[0] != sha:
+                why = f"question file {name} has changed since the run (another sha256)"
+            else:
+                try:
+                    chosen = select_questions(found[1], comparison.get("subtasks"),
+                                              comparison.get("questions_per_subtask"))
+                except (HarnessError, TypeError, ValueError) as exc:  # a selection this file cannot give
+                    why = f"question file {name}: {exc}"
+                else:
+                    return {q.question_id for q in chosen}
+        self._unchecked.setdefault(why, []).append(str(folder))
+        return None
+
+    def _read(self, path: Path) -> tuple[str, list] | str:
+        candidates = [path] if path.is_absolute() else [path, REPOSITORY / path]
+        found = next((p for p in candidates if p.is_file()), None)
+        if found is None:
+            return f"question file {path} not found"
+        if found not in self._files:
+            try:
+                self._files[found] = (file_sha256(found), load_questions(found))
+            except (OSError, HarnessError) as exc:
+                self._files[found] = f"question file {path} cannot be read ({exc})"
+        return self._files[found]
+
+    def unchecked(self) -> list[str]:
+        """One line per reason: the runs kept with every answered question because their selection is unknown."""
+        lines = []
+        for why, folders in self._unchecked.items():
+            shown = ", ".join(folders[:3]) + (f" and {len(folders) - 3} more" if len(folders) > 3 else "")
+            lines.append(f"{why}: every answered question kept, the selection unchecked, in {len(folders)} "
+                         f"run{'s' if len(folders) > 1 else ''} ({shown})")
+        return lines
+
+
+def provenance(run_dirs, answers: pd.DataFrame | None = None) -> str:
     """Where the runs `run_dirs` came from, as their manifests recorded it: the processor, torch threads, library
-    versions and commit(s), one line (the report writes it under each comparison, so no table is copied by hand)."""
+    versions and commit(s), one line (the report writes it under each comparison, so no table is copied by hand).
+    With `answers` (`load_runs`' rows), the commits and torch threads are each answer's own (`produced_by`), and a
+    run answered at more than one commit is named."""
     seen: dict[str, set] = {"processor": set(), "threads": set(), "torch": set(), "transformers": set(),
                             "commit": set(), "schedule": set()}
-    for run_dir in sorted(set(run_dirs)):
+    mixed = []
+    rows = pd.DataFrame()
+    if answers is not None and not answers.empty and "run_commits" in answers:
+        rows = answers[answers.run_dir.isin(set(map(str, run_dirs)))]
+    for run_dir in sorted(set(map(str, run_dirs))):
         try:
             manifest = json.loads((Path(run_dir) / "manifest.json").read_text())
         except (OSError, json.JSONDecodeError):
@@ -132,17 +338,33 @@ def provenance(run_dirs) -> str:
         env = manifest.get("environment") or {}
         packages = env.get("packages") or {}
         seen["processor"].add(env.get("gpu") or env.get("cpu") or "unknown")
-        seen["threads"].add(str(env.get("torch_threads", "?")))
         seen["torch"].add(str(packages.get("torch")))
         seen["transformers"].add(str(packages.get("transformers")))
-        commit = str(env.get("git_commit") or "unknown")[:7]
-        seen["commit"].add(commit + ("+uncommitted changes" if env.get("git_dirty") else ""))
         seen["schedule"].add("interleaved per question" if "schedule" in manifest.get("comparison", {})
                              else "one method after another")
+        mine = rows[rows.run_dir == run_dir] if not rows.empty else rows
+        if mine.empty:
+            seen["threads"].add(str(env.get("torch_threads", "?")))
+            seen["commit"].add(commit_label(env))
+            continue
+        seen["threads"] |= {_threads(t) for t in mine.torch_threads}
+        commits = mine.run_commits.iloc[0]
+        seen["commit"] |= set(commits)
+        if len(commits) > 1:
+            mixed.append(f"the {mine.method_label.iloc[0]} run mixes commits ({', '.join(commits)})")
     def words(key):
         return ", ".join(sorted(seen[key])) or "unknown"
-    return (f"Machine: {words('processor')}, {words('threads')} torch threads; torch {words('torch')}, "
+    line = (f"Machine: {words('processor')}, {words('threads')} torch threads; torch {words('torch')}, "
             f"transformers {words('transformers')}; commit {words('commit')}; {words('schedule')}.")
+    if mixed:
+        line += " Warning: " + "; ".join(mixed) + "."
+    return line
+
+
+def _threads(value) -> str:
+    if value is None or (isinstance(value, float) and np.isnan(value)):
+        return "?"
+    return str(int(value)) if isinstance(value, (int, float, np.integer, np.floating)) else str(value)
 
 
 def _subtask(category: str) -> str:
@@ -179,7 +401,7 @@ def lossless_table(df: pd.DataFrame) -> pd.DataFrame:
                          "reduced_precision": isinstance(reference.get("margins"), list),
                          "vanilla_margin": margin_at(reference.get("margins"), diff),
                          "method_margin": margin_at(row.get("margins"), diff)})
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=LOSSLESS_COLUMNS)
 
 
 def margin_at(margins, diff: tuple[int, int] | None) -> float | None:
@@ -276,7 +498,7 @@ def paired_tests(df: pd.DataFrame) -> pd.DataFrame:
                          "faster_questions": int((diff > 0).sum()),
                          "wilcoxon_p": float(stats.wilcoxon(diff).pvalue) if diff.abs().sum() > 0 else 1.0,
                          "paired_t_p": float(stats.ttest_rel(np.log(pair[label]), np.log(pair["vanilla"])).pvalue)})
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=PAIRED_COLUMNS)
 
 
 def _sampling(row) -> str:
@@ -291,10 +513,16 @@ def _method_order(labels) -> list[str]:
 
 def to_markdown(summary: pd.DataFrame, lossless: pd.DataFrame, errors: pd.DataFrame,
                 repeated: pd.DataFrame | None = None, tests: pd.DataFrame | None = None,
-                unmatched: list[str] = ()) -> str:
+                unmatched: list[str] = (), answers: pd.DataFrame | None = None, notes: list[str] = ()) -> str:
+    """report.md. `answers`: `load_runs`' rows (each answer's commit and threads for the provenance lines);
+    `notes`: the data checks' summary lines (`read_runs`)."""
     lines = ["# Speculative decoding report", ""]
     if unmatched:
-        lines += ["Runs without a vanilla run of the same settings (not compared): " + ", ".join(unmatched), ""]
+        lines += ["Runs without a vanilla run of the same settings (not compared): " + "; ".join(unmatched), ""]
+    if notes:
+        lines += ["## Data checks", "", "What the report left out of the saved runs, or could not check (its "
+                  "warnings name the file and line of each answer left out):", ""]
+        lines += [f"- {note}" for note in notes] + [""]
     if summary.empty:
         return "\n".join(lines + ["No method has a vanilla run to compare with yet."]) + "\n"
     if repeated is not None and not repeated.empty and repeated.repeats.max() > 1:
@@ -326,7 +554,7 @@ def to_markdown(summary: pd.DataFrame, lossless: pd.DataFrame, errors: pd.DataFr
         lines += [f"## {first['model']}{precision}, max_new_tokens={first['max_new_tokens']}{_sampling(first)}, "
                   f"repeat {first['repeat'] + 1} (comparison {key})", ""]
         if "run_dir" in group:
-            lines += [provenance(group.run_dir), ""]
+            lines += [provenance(group.run_dir, answers), ""]
         subtasks = [s for s in ORDER if s in set(group.subtask)]
         methods = _method_order(group.method_label.unique())
         for metric, title in (("speedup", "Speedup over vanilla (mean tokens/s ratio, Spec-Bench)"),
@@ -388,34 +616,74 @@ def to_markdown(summary: pd.DataFrame, lossless: pd.DataFrame, errors: pd.DataFr
     lines += ["## Methods", "", pd.DataFrame({"method": names, "title": [d.title for d in shown],
                                                "family": [d.family for d in shown]}).to_markdown(index=False), ""]
     if not errors.empty:
-        lines += ["## Questions that raised (left out of every statistic)", ""]
-        for _, e in errors.iterrows():
-            lines.append(f"- {e.model} {e.method_label} question {e.question_id}: {e.error}")
+        lines += ["## Questions still failing (status error; left out of every statistic, on both sides)", ""]
+        for run_dir, failing in errors.groupby("run_dir", sort=False):
+            first = failing.iloc[0]
+            ids = ", ".join(str(q) for q in failing.question_id)
+            lines.append(f"- {first.model} {first.method_label}, repeat {int(first['repeat']) + 1} (`{run_dir}`): "
+                         f"{len(failing)} question{'s' if len(failing) > 1 else ''} ({ids})")
+            lines += [f"  - {first.model} {first.method_label} question {e.question_id}: {e.error}"
+                      for e in failing.itertuples()]
         lines.append("")
     return "\n".join(lines)
 
 
 def build(results_dir: str | Path | list[str | Path], out_dir: str | Path) -> tuple[pd.DataFrame, str]:
-    df = load_runs(results_dir)
+    """Write the report's outputs into `out_dir`, all of them or none (see the module docstring); returns the
+    summary table and report.md's text. Raises `NoRuns` or `NothingToCompare`, having written nothing."""
+    out = Path(out_dir)
+    left = f"{out / 'report.md'} and its tables are left as they are"
+    loaded = read_runs(results_dir)
+    df = loaded.table
     if df.empty:
-        return pd.DataFrame(), ""
+        if loaded.manifests:
+            folders = [results_dir] if isinstance(results_dir, (str, Path)) else list(results_dir)
+            raise NoRuns(f"no readable answer in the {loaded.manifests} runs under {', '.join(map(str, folders))} "
+                         f"(see the warnings above); {left}")
+        raise NoRuns(f"{missing_runs(results_dir)}; {out / 'report.md'} is left as it is")
     summary = summarize(df)
+    unmatched = without_vanilla(df)
+    if summary.empty:
+        raise NothingToCompare(f"nothing to compare: {'; '.join(unmatched)} (answer the same questions with "
+                               f"method=vanilla and the same settings); {left}")
+    for line in unmatched:
+        warn(f"not compared: {line}")
     lossless = lossless_table(df)
     errors = df[df.status != "ok"]
-    repeated = across_repeats(summary) if not summary.empty else pd.DataFrame()
+    repeated = across_repeats(summary)
     tests = paired_tests(df)
-    with_vanilla = set(df[df.method == "vanilla"].comparison_key)
-    unmatched = sorted({f"{r.model} {r.method_label}" for r in df.itertuples() if r.comparison_key not in with_vanilla})
-    markdown = to_markdown(summary, lossless, errors, repeated, tests, unmatched)
-    out = Path(out_dir)
+    markdown = to_markdown(summary, lossless, errors, repeated, tests, unmatched, answers=df, notes=loaded.notes)
+    tables = {"report.csv": (summary, "%.6g"), "lossless.csv": (lossless, None),
+              "report_repeats.csv": (repeated, "%.6g"), "paired_tests.csv": (tests, "%.6g")}
     out.mkdir(parents=True, exist_ok=True)
-    write_text(out / "report.md", markdown)
-    for table, name, number_format in ((summary, "report.csv", "%.6g"), (lossless, "lossless.csv", None),
-                                       (repeated, "report_repeats.csv", "%.6g"), (tests, "paired_tests.csv", "%.6g")):
-        if name in ("report.csv", "lossless.csv") or not table.empty:
-            with replacing(out / name) as tmp:
+    with replacing_together([out / name for name in OUTPUTS]) as temps:
+        for name, tmp in zip(OUTPUTS, temps):
+            if name == "report.md":
+                tmp.write_text(markdown, encoding="utf-8")
+            else:
+                table, number_format = tables[name]
                 table.to_csv(tmp, index=False, float_format=number_format)
     return summary, markdown
+
+
+def without_vanilla(df: pd.DataFrame) -> list[str]:
+    """One phrase per comparison that has no vanilla run with an answered question: its model, dtype, device,
+    token budget, sampling, repeat and keys, and the method runs left without a reference."""
+    ok = df[df.status == "ok"]
+    with_vanilla = set(ok[ok.method == "vanilla"].comparison_key)
+    phrases = []
+    for key, group in df.groupby("comparison_key", sort=False):
+        if key in with_vanilla:
+            continue
+        first = group.iloc[0]
+        labels = _method_order(set(group[group.method != "vanilla"].method_label))
+        what = ("a vanilla run without an answered question" if (group.method == "vanilla").any()
+                else "no vanilla run")
+        setting = (f"{first.model} {first.get('dtype') or 'dtype?'} on {first.get('device') or 'device?'}, "
+                   f"max_new_tokens={first.max_new_tokens}{_sampling(first)}, repeat {int(first['repeat']) + 1} "
+                   f"(comparison {key}, setting {first.setting_key})")
+        phrases.append(f"{what} for {setting}" + (f", to compare {', '.join(labels)} with" if labels else ""))
+    return phrases
 
 
 def missing_runs(results_dir: str | Path | list[str | Path]) -> str:
@@ -430,17 +698,25 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--results", nargs="+", default=["results/runs"],
                         help="folder(s) holding the run folders; each folder's methods are compared with its vanilla")
     parser.add_argument("--out", default=None, help="where report.md/.csv go (default: the parent of --results)")
+    # After a run (run.py): no runs is no news, nothing to compare yet one line, neither an error.
     parser.add_argument("--quiet-if-empty", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     out = args.out or str(Path(args.results[0]).parent)
-    summary, markdown = build(args.results, out)
-    if not markdown:  # nothing to report: what is there stays as it is
-        if not args.quiet_if_empty:
-            print(f"error: {missing_runs(args.results)}; {out}/report.md is left as it is", file=sys.stderr)
-            sys.exit(2)
-        return
+    try:
+        summary, markdown = build(args.results, out)
+    except HarnessError as exc:  # nothing was written: what is there stays as it is
+        if args.quiet_if_empty and isinstance(exc, NoRuns):
+            return
+        if args.quiet_if_empty and isinstance(exc, NothingToCompare):
+            print(f"Report not written: {exc}", flush=True)
+            return
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except OSError as exc:  # the outputs could not be written: none was replaced
+        print(f"error: cannot write the report into {out}: {exc}; what was there is left as it is", file=sys.stderr)
+        sys.exit(2)
     print(markdown)
-    print(f"Written: {out}/report.md, report.csv, lossless.csv")
+    print(f"Written: {out}/" + ", ".join(OUTPUTS))
 
 
 if __name__ == "__main__":

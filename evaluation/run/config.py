@@ -129,6 +129,11 @@ class RunConfig:
     gpus_per_worker: Optional[float] = None  # GPUs Ray reserves for each worker; null = 1 if the cluster has GPUs
     cpus_per_worker: Optional[int] = None  # CPUs reserved per worker, also its torch threads; null = 1
     ray_address: Optional[str] = None  # an existing cluster ("auto", "ray://head:10001"); null = start one here
+    # With workers: seconds a worker may take over one question (generous: a 1,024-token answer of a large target
+    # takes minutes). Then the worker is killed, the question is recorded as an error (asked again by the next run
+    # of the same command) and a fresh worker takes the questions left; a worker's warm-up may take bench.warmup
+    # times as long. null = wait forever. Not part of a run's identity.
+    question_timeout_s: Optional[float] = 1800.0
 
     def check(self) -> None:
         from evaluation.engine.budget import BUDGET_MODES
@@ -150,6 +155,10 @@ class RunConfig:
             for option in ("gpus_per_worker", "cpus_per_worker", "ray_address"):
                 value = getattr(self, option)
                 require(value is None, option, value, "null unless run.workers is set")
+            # A run in this process is never timed out: only the default (or null) is taken without workers.
+            default = RunConfig.question_timeout_s
+            require(self.question_timeout_s in (None, default), "question_timeout_s", self.question_timeout_s,
+                    f"{default:g} (the default) or null unless run.workers is set")
             return
         require_int_range("workers", self.workers, 1, 4096)
         # A worker sees only the GPUs Ray gives it, numbered from 0: a device index would name another's.
@@ -162,6 +171,10 @@ class RunConfig:
                     self.gpus_per_worker, "above 0 with run.device=cuda")
         if self.cpus_per_worker is not None:
             require_int_range("cpus_per_worker", self.cpus_per_worker, 1, 1024)
+        if self.question_timeout_s is not None:  # at most 30 days, a wait Ray takes (NaN fails the comparison)
+            ok = isinstance(self.question_timeout_s, (int, float)) and 0 < self.question_timeout_s <= 30 * 86400
+            require(ok, "question_timeout_s", self.question_timeout_s,
+                    "null (no timeout) or a number of seconds in (0, 2592000]")
         if self.ray_address is not None:
             ok = self.ray_address == "auto" or re.fullmatch(r"(ray://)?[A-Za-z0-9.\-\[\]:]+:\d+", self.ray_address)
             require(bool(ok), "ray_address", self.ray_address, "auto, host:port or ray://host:port")

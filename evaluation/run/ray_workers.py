@@ -1,10 +1,17 @@
 """Data-parallel evaluation on Ray: `run.workers=N`.
 
 Each worker is a Ray actor that loads the model and builds the method once, warms up, then answers the questions
-it is handed one at a time (`ray.util.ActorPool`: a free worker gets the next question). The answer records come
-back to this process, which alone writes the run folder through the same `evaluation.run.orchestrate.run_once`
-as a run without workers: the same identity and folder, the same resume, error records and one-writer lock. Each record names the
-worker that answered it, and the manifest lists the workers and their devices.
+it is handed one at a time (a free worker gets the next question). The answer records come back to this process,
+which alone writes the run folder through the same `evaluation.run.orchestrate.run_once` as a run without workers:
+the same identity and folder, the same resume, error records and one-writer lock. Each record names the worker
+that answered it, and the manifest lists the workers and their devices.
+
+A worker that hangs does not hang the run: a question not answered within `run.question_timeout_s` is recorded as
+an error (`TimeoutError: no answer after 1800 s on worker 3`; the next run of the same command asks it again), its
+worker is killed (`ray.kill`: a hung forward cannot be interrupted otherwise), and while questions are left a
+fresh worker is started in its place, loaded, checked and warmed up like the first ones, so the run keeps its
+number of workers and every timed answer comes from a warmed-up worker. Loading a worker has no timeout; its
+warm-up has `bench.warmup` times the question's, and a warm-up past it stops the run in one line.
 
 A worker sees only the GPUs Ray gives it (`run.gpus_per_worker`, by default 1 on a cluster with GPUs, else 0), so
 `run.device=auto` puts it on its own GPU; a worker of `gpus_per_worker=2` with `model.device_map=auto` splits the
@@ -17,6 +24,9 @@ import contextlib
 import os
 import socket
 import sys
+import time
+import uuid
+from collections import deque
 from types import SimpleNamespace
 
 import torch
@@ -84,6 +94,15 @@ class Worker:
         return record
 
 
+def timeout_record(spec, question, seconds: float, worker: int) -> dict:
+    """The error record of a question its worker did not answer in `seconds`: the fields of
+    `evaluation.run.answer.answer_record`'s error records, and the worker."""
+    return {"question_id": question.question_id, "category": question.category, "subtask": question.subtask,
+            "answer_id": uuid.uuid4().hex[:22], "model_id": spec.model.name, "method": spec.method.name,
+            "status": "error", "error": f"TimeoutError: no answer after {seconds:g} s on worker {worker}",
+            "choices": [], "worker": worker}
+
+
 def worker_failed(exc) -> HarnessError:
     """A dead worker (out of memory, a lost node) as one line; what was written stays, and a rerun resumes."""
     return HarnessError(f"a Ray worker failed ({one_line(exc)[:300]}); run the same command again to resume")
@@ -104,6 +123,9 @@ def predicted_device(spec, cluster_gpus: float) -> tuple[torch.device, float]:
 class RayWorkers:
     """`run.workers` Ray actors behind the `evaluation.run.answerers.Answerer` interface."""
 
+    # The class each actor runs: a seam for tests (tests/test_scale.py puts a worker that hangs in its place).
+    worker_class = Worker
+
     def __init__(self, ray, spec, questions):
         self.ray, self.spec, self.questions = ray, spec, questions
         device, self.gpus = predicted_device(spec, ray.cluster_resources().get("GPU", 0))
@@ -113,21 +135,27 @@ class RayWorkers:
         dtype = resolve_dtype(spec.model.dtype, device)
         self.model = SimpleNamespace(source=model_directory(spec.model), dtype=dtype, device=device,
                                      prepacked=prepacks(spec.model, device, dtype))
-        self.actors: list = []
+        self.actors: dict = {}  # worker index -> actor handle, of the workers alive
+        self.started = 0  # workers started so far: the next one's index (a replaced worker's is not reused)
         self.described: list[dict] = []
+        self.warm_question = None  # what the workers warmed up on, for a worker started in place of a hung one
 
     def start(self, questions: int) -> None:
         """Workers for `questions` questions: `run.workers` of them at most, started once and kept for the repeats."""
         wanted = min(self.spec.run.workers, max(questions, 1))
-        if len(self.actors) >= wanted:
-            return
+        if len(self.actors) < wanted:
+            self._launch(wanted - len(self.actors))
+
+    def _launch(self, count: int) -> list:
+        """`count` more workers, loaded and checked against what this process expects; returns their indices."""
         ray = self.ray
         passed = {name: os.environ[name] for name in PASSED_ENVIRONMENT if name in os.environ}
         actor = ray.remote(num_cpus=self.threads, num_gpus=self.gpus, max_restarts=0,
-                           runtime_env={"env_vars": passed} if passed else None)(Worker)
-        new = [actor.remote(i, self.spec, self.questions, self.threads)
-               for i in range(len(self.actors), wanted)]
-        self.actors += new
+                           runtime_env={"env_vars": passed} if passed else None)(self.worker_class)
+        indices = range(self.started, self.started + count)
+        self.started += count
+        new = [actor.remote(i, self.spec, self.questions, self.threads) for i in indices]
+        self.actors.update(zip(indices, new))  # killed by `close` even when the checks below fail
         described = self._get([a.describe.remote() for a in new])
         for worker in described:
             if "error" in worker:
@@ -144,10 +172,14 @@ class RayWorkers:
         if len(kinds) > 1:
             raise HarnessError(f"the workers run on different processors ({', '.join(kinds)}): run each kind "
                                "apart (a Ray cluster of one GPU type), as methods are compared on one")
+        return list(indices)
 
-    def _get(self, refs):
+    def _get(self, refs, timeout: float | None = None):
         try:
-            return self.ray.get(refs)
+            return self.ray.get(refs, timeout=timeout)
+        except self.ray.exceptions.GetTimeoutError:  # only warm-ups are waited on with a timeout
+            raise HarnessError(f"a Ray worker did not finish its warm-up in {timeout:g} s (bench.warmup times "
+                               "run.question_timeout_s); run the same command again to resume") from None
         except self.ray.exceptions.RayError as exc:  # a worker died (out of memory, a lost node)
             raise worker_failed(exc) from None
 
@@ -166,31 +198,62 @@ class RayWorkers:
 
     def warm_up(self, question) -> None:
         """Every worker warms up before any question is timed."""
-        if self.spec.bench.warmup:
-            self._get([a.warm_up.remote(question) for a in self.actors])
+        self.warm_question = question
+        self._warm(self.actors.values())
+
+    def _warm(self, actors) -> None:
+        if self.spec.bench.warmup and self.warm_question is not None:
+            limit = self.spec.run.question_timeout_s
+            self._get([a.warm_up.remote(self.warm_question) for a in actors],
+                      None if limit is None else limit * self.spec.bench.warmup)
 
     def answer(self, question) -> dict:
-        return self._get(self.actors[0].answer.remote(question))
+        [record] = self.answers([question])
+        return record
 
     def answers(self, questions):
-        """Records in the order they finish; a free worker gets the next question."""
-        from ray.util import ActorPool
+        """Records in the order they finish; a free worker gets the next question. A question still unanswered
+        `run.question_timeout_s` after its worker took it is recorded as an error, and its worker killed and, while
+        questions are left, replaced (the module's docstring)."""
+        ray, limit = self.ray, self.spec.run.question_timeout_s
+        todo = deque(questions)
+        free = deque(self.actors)  # worker indices, in order: the first questions go to the first workers
+        running: dict = {}  # object ref -> (worker index, question, deadline or None)
+        while todo or running:
+            if todo and not free and not running:  # every worker was lost to a timeout: a fresh one goes on
+                free.append(self._replace())
+            while free and todo:
+                index, question = free.popleft(), todo.popleft()
+                deadline = None if limit is None else time.monotonic() + limit  # the worker is idle: it starts now
+                running[self.actors[index].answer.remote(question)] = (index, question, deadline)
+            deadlines = [deadline for _, _, deadline in running.values() if deadline is not None]
+            ray.wait(list(running), num_returns=1,
+                     timeout=max(0.0, min(deadlines) - time.monotonic()) if deadlines else None)
+            now = time.monotonic()  # a question not ready after this has run past its deadline if it was due by now
+            ready, waiting = ray.wait(list(running), num_returns=len(running), timeout=0)
+            for ref in ready:
+                index, _, _ = running.pop(ref)
+                free.append(index)
+                yield self._get(ref)
+            for ref in waiting:
+                index, question, deadline = running[ref]
+                if deadline is not None and deadline <= now:
+                    del running[ref]
+                    ray.kill(self.actors.pop(index))  # a hung forward is only stopped with its process
+                    yield timeout_record(self.spec, question, limit, index)
+                    if todo:
+                        free.append(self._replace())
 
-        pool = ActorPool(self.actors)
-        results = pool.map_unordered(lambda actor, question: actor.answer.remote(question), questions)
-        while True:
-            try:
-                record = next(results)
-            except StopIteration:
-                return
-            except self.ray.exceptions.RayError as exc:
-                raise worker_failed(exc) from None
-            yield record
+    def _replace(self) -> int:
+        """A fresh worker in place of a killed one, loaded, checked and warmed up as the others; its index."""
+        [index] = self._launch(1)
+        self._warm([self.actors[index]])
+        return index
 
     def close(self) -> None:
-        for actor in self.actors:
+        for actor in self.actors.values():
             self.ray.kill(actor)
-        self.actors = []
+        self.actors = {}
 
 
 def connect(ray, spec) -> bool:

@@ -20,12 +20,13 @@ import pandas as pd
 import torch
 from hydra import compose, initialize_config_dir
 
-from evaluation.run.config import register_configs
 from evaluation.catalog import method_class
 from evaluation.engine import decode_turn
 from evaluation.engine.budget import forward_latency
+from evaluation.files import write_text
 from evaluation.models import load_model
 from evaluation.questions import SUBTASKS, load_questions, select_questions
+from evaluation.run.config import register_configs
 from evaluation.templates import build_prompt_ids
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
@@ -76,11 +77,11 @@ def main(argv: list[str] | None = None) -> None:
     latency = forward_latency(lm, context, [1, 2, 4, 8, 16, 32, 64, 128], args.repeats)
     # The model, device and dtype ride along, so `run.latency_curve=` can replay this file on a matching run.
     latency = latency.assign(model=cfg.model.name, device=str(lm.device), dtype=str(lm.dtype).replace("torch.", ""))
-    latency.to_csv(out / "forward_latency.csv", index=False, float_format="%.4g")
+    write_text(out / "forward_latency.csv", latency.to_csv(index=False, float_format="%.4g"))
     print(f"## Forward latency over a {latency.context.iloc[0]}-token context ({machine})\n")
     print(latency.drop(columns=["model", "device", "dtype"]).to_markdown(index=False, floatfmt=".2f"), "\n")
     race = vanilla_vs_generate(lm, (prompts * 2)[: args.prompts], args.max_new_tokens)
-    race.to_csv(out / "vanilla_vs_generate.csv", index=False, float_format="%.4g")
+    write_text(out / "vanilla_vs_generate.csv", race.to_csv(index=False, float_format="%.4g"))
     print(f"## Vanilla: our loop against transformers generate() ({machine})\n")
     print(race.to_markdown(index=False, floatfmt=".2f"))
     print(f"\nMean tokens/s: ours {race.ours_tok_s.mean():.2f}, generate {race.generate_tok_s.mean():.2f} "

@@ -28,6 +28,7 @@ import torch
 from evaluation.catalog import method_class
 from evaluation.engine import decode_turn
 from evaluation.engine.sampling import Sampler, SamplingParams, verify_token_match
+from evaluation.files import write_text
 
 VOCAB = 16
 GENERATED = 3  # tokens whose joint distribution is enumerated
@@ -226,7 +227,7 @@ def main(argv: list[str] | None = None) -> None:
             results.append(result.row())
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame(results).to_csv(out / "exactness.csv", index=False)
+    write_text(out / "exactness.csv", pd.DataFrame(results).to_csv(index=False))
     print(f"Written: {out / 'exactness.csv'}")
 
 

@@ -36,6 +36,7 @@ import pandas as pd
 import torch
 
 from evaluation.catalog import bench_settings
+from evaluation.files import write_text
 
 ROOT = Path(__file__).resolve().parents[2]
 # The lossless tests: every method's `assert_lossless` tests, the engine's exactness checks.
@@ -217,15 +218,15 @@ def main(argv: list[str] | None = None) -> None:
             cfg = compose("config", overrides=[f"model.dtype={dtype}", f"run.device={args.device}"])
         lm = load_model(cfg.model, args.device)
         questions = {q.question_id: q for q in load_questions(Path(cfg.bench.question_file))}
-        first_differences(lm, out / "runs", questions).to_csv(out / "first_differences.csv", index=False,
-                                                              float_format="%.4g")
+        write_text(out / "first_differences.csv",
+                   first_differences(lm, out / "runs", questions).to_csv(index=False, float_format="%.4g"))
     except Exception as exc:  # noqa: BLE001 - reported with the other steps; the rest still runs
         print(f"first differences failed: {type(exc).__name__}: {exc}", flush=True)
         steps.failed.append("first differences")
     steps.run("engine", [python, "-m", "evaluation.tools.bench_engine", f"model.dtype={dtype}", f"run.device={args.device}",
                          "--out", str(out / "engine")], "engine.log")
 
-    (out / "summary.md").write_text(summary(out, gpu, steps))
+    write_text(out / "summary.md", summary(out, gpu, steps))
     print(f"\nWritten: {out}/summary.md (and the logs, runs, report and engine tables beside it)")
     if steps.failed:
         print(f"error: failed steps: {', '.join(steps.failed)}", file=sys.stderr)

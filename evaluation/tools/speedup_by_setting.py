@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from evaluation.files import write_text
 from evaluation.report import method_sort_key
 
 
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None) -> None:
     if Path(args.out).is_file() and not args.replace:
         table = with_earlier_columns(table, pd.read_csv(args.out, dtype=str, keep_default_na=False))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    table.fillna("").to_csv(args.out, index=False)
+    write_text(args.out, table.fillna("").to_csv(index=False))
     print(table.to_markdown(index=False, floatfmt=".2f"))
 
 

@@ -4,11 +4,12 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import hydra
 from omegaconf import OmegaConf
 
-from evaluation.engine.errors import HarnessError
+from evaluation.engine.errors import HarnessError, OptionError
 from gumiho.train import Trainer, options_from
 
 
@@ -19,6 +20,10 @@ def train(cfg) -> dict:
     options = options_from(cfg.train)
     model_cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), cfg.model))
     model_cfg.dtype = "float32"  # the target's weights stay float32; `train.dtype` sets the autocast
+    try:  # before the model loads: its name becomes a folder name
+        model_cfg.check()
+    except OptionError as exc:
+        raise exc.in_group("model") from None
     lm = load_model(model_cfg, options.device)
     return Trainer(lm, options, model_cfg.name).run()
 
@@ -27,8 +32,9 @@ def train(cfg) -> dict:
 def main(cfg) -> None:
     try:
         row = train(cfg)
-    except HarnessError as exc:
-        raise SystemExit(f"error: {exc}") from None
+    except HarnessError as exc:  # one line and exit status 2, as a run reports a bad option
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
     print(json.dumps(row))
 
 
