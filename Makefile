@@ -71,7 +71,7 @@ data: setup  ## [seconds] put the question sets under data/ (checked by sha256)
 datastore: setup  ## [~3 min, cached] build REST's ShareGPT datastore for MODEL's tokenizer
 	$(PY) -m evaluation.tools.datastore --model $(MODEL)
 
-test: setup data  ## [~20 min] the test suite (CPU, real embedded model)
+test: setup data  ## [~40 min on 2 cores] the test suite (CPU, real embedded model)
 	$(PY) -m pytest
 
 bench: setup data  ## [~15 min] every method on a Spec-Bench slice (REPEATS=3: the statistical run), then the report

