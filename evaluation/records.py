@@ -22,7 +22,8 @@ Other fields are free.
 `AnswerProblem` (path, line, message) for each malformed line or bad record. A last line without its newline is
 no problem: it is what a kill in the middle of a write leaves (the run path cuts it off and answers the question
 again); it is never a record either, and `cut_line` gives its number. `distinct_answers` keeps one record per
-question. Standard library only: the run path and the report both read answers through this module.
+question. `read_manifest(path)` reads a run's manifest.json, or says in one line why it cannot. Standard library
+only: the run path and the report both read answers and manifests through this module.
 """
 
 from __future__ import annotations
@@ -103,6 +104,23 @@ def read_answers(path: str | Path) -> AnswerLines:
             continue
         lines.records.append((number, record))
     return lines
+
+
+def read_manifest(path: Path) -> tuple[dict, str | None]:
+    """A run's manifest, or what is wrong with it (one line): unreadable, cut short, or missing what a run
+    folder's manifest always has. The run path (on resume) and the report both read manifests through it."""
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        return {}, f"cannot be read ({exc.__class__.__name__}: {exc})"
+    except json.JSONDecodeError as exc:
+        return {}, f"not valid JSON, cut short? ({exc.msg} at line {exc.lineno} column {exc.colno})"
+    if not isinstance(manifest, dict):
+        return {}, "expected a JSON object"
+    for key, kind in (("method", str), ("model", str), ("comparison_key", str), ("comparison", dict)):
+        if not isinstance(manifest.get(key), kind):
+            return {}, f"{key}: missing or not a {'str' if kind is str else 'JSON object'}"
+    return manifest, None
 
 
 def distinct_answers(lines: AnswerLines) -> tuple[list[tuple[int, dict]], list[AnswerProblem]]:

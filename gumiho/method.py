@@ -99,9 +99,13 @@ class _TreeDraftMethod(Method):
     def input_files(cls, config, model_name: str) -> dict[str, Path]:
         """The draft's folder (the committed one when `draft` is null); a seeded random draft or a hub id has none
         here (a hub id is named in the options)."""
-        folder = committed_draft_dir(model_name) if config.draft is None else Path(config.draft).expanduser() \
-            if config.draft != "random" and _is_dir(config.draft) else None
-        return {"draft": folder} if folder is not None and folder.is_dir() else {}
+        if config.draft is None:
+            folder = committed_draft_dir(model_name)
+        elif config.draft != "random" and _is_dir(config.draft):
+            folder = Path(config.draft).expanduser()
+        else:
+            return {}
+        return {"draft": folder} if folder.is_dir() else {}
 
     def __init__(self, config, model):
         super().__init__(config, model)

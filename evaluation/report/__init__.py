@@ -55,7 +55,7 @@ from evaluation.engine.errors import HarnessError
 from evaluation.engine.timing import PARTS
 from evaluation.files import replacing_together
 from evaluation.questions import MT_BENCH_CATEGORIES, SUBTASK_TITLES, file_sha256, load_questions, select_questions
-from evaluation.records import distinct_answers, read_answers
+from evaluation.records import distinct_answers, read_answers, read_manifest
 
 ORDER = list(SUBTASK_TITLES)
 # What stands for losslessness in a sampled run's row (see the module docstring).
@@ -227,23 +227,6 @@ def _load_folder(results_dir: str | Path) -> Loaded:
         note(line)
     loaded.table = pd.DataFrame(rows)
     return loaded
-
-
-def read_manifest(path: Path) -> tuple[dict, str | None]:
-    """A run's manifest, or what is wrong with it (one line): unreadable, cut short, or missing what the report
-    needs to place the run."""
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        return {}, f"cannot be read ({exc.__class__.__name__}: {exc})"
-    except json.JSONDecodeError as exc:
-        return {}, f"not valid JSON, cut short? ({exc.msg} at line {exc.lineno} column {exc.colno})"
-    if not isinstance(manifest, dict):
-        return {}, "expected a JSON object"
-    for key, kind in (("method", str), ("model", str), ("comparison_key", str), ("comparison", dict)):
-        if not isinstance(manifest.get(key), kind):
-            return {}, f"{key}: missing or not a {'str' if kind is str else 'JSON object'}"
-    return manifest, None
 
 
 def commit_label(env: dict) -> str:

@@ -80,18 +80,25 @@ def warm_up(spec, lm, method, question, budget=None, sampler=None) -> None:
         answer_question(lm, method, question, spec.bench.max_new_tokens, budget, sampler)
 
 
+def record_head(spec, question) -> dict:
+    """The fields every answer line of `question` starts with."""
+    return {"question_id": question.question_id, "category": question.category, "subtask": question.subtask,
+            "answer_id": uuid.uuid4().hex[:22], "model_id": spec.model.name, "method": spec.method.name}
+
+
+def error_record(spec, question, message: str) -> dict:
+    """The answer line of a question that was not answered: listed by the report, asked again on resume."""
+    return {**record_head(spec, question), "status": "error", "error": message, "choices": []}
+
+
 def answer_record(spec, lm, method, question, budget=None, sampler=None) -> dict:
     """One question's answer line (without its `tstamp`, set when it is written); a question that raises is
     recorded with `status: "error"` and its message."""
-    record = {"question_id": question.question_id, "category": question.category, "subtask": question.subtask,
-              "answer_id": uuid.uuid4().hex[:22], "model_id": spec.model.name, "method": spec.method.name}
     torch.manual_seed(spec.run.seed)
     if sampler is not None:
         sampler.reseed(question_seed(spec.run.seed, question.question_id))
     try:
         choice = answer_question(lm, method, question, spec.bench.max_new_tokens, budget, sampler)
     except Exception as exc:  # noqa: BLE001 - recorded, listed by the report, never counted
-        record.update(status="error", error=one_line(exc), choices=[])
-    else:
-        record.update(status="ok", error=None, choices=[choice])
-    return record
+        return error_record(spec, question, one_line(exc))
+    return {**record_head(spec, question), "status": "ok", "error": None, "choices": [choice]}

@@ -25,7 +25,7 @@ from evaluation.files import replacing, write_text
 from evaluation.provenance import commit
 from evaluation.questions import file_sha256
 from evaluation.run.answer import sampling_params
-from evaluation.records import read_answers
+from evaluation.records import read_answers, read_manifest
 
 ANSWERS = "answers.jsonl"
 
@@ -183,12 +183,12 @@ def answered(records: list[dict]) -> set:
     return {record["question_id"] for record in records if record.get("status", "ok") == "ok"}
 
 
-def read_manifest(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise HarnessError(f"{path} is not a whole JSON manifest ({exc}); remove it to have the same command write "
-                           "it afresh from this run's config (its answers are kept)") from None
+def earlier_manifest(path: Path) -> dict:
+    manifest, problem = read_manifest(path)
+    if problem:
+        raise HarnessError(f"{path} is not a whole JSON manifest ({problem}); remove it to have the same command "
+                           "write it afresh from this run's config (its answers are kept)")
+    return manifest
 
 
 @contextlib.contextmanager
@@ -222,7 +222,7 @@ def open_run(spec, answerer, questions, question_sha: str, repeat: int, schedule
             yield OpenRun(folder, label, [], answers)
             return
         failed = [r for r in records if r.get("status", "ok") != "ok"]
-        earlier = read_manifest(manifest_path) if manifest_path.exists() else None
+        earlier = earlier_manifest(manifest_path) if manifest_path.exists() else None
         now = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         environment = answerer.environment()
         process = {**commit(), "host": socket.gethostname(), "pid": os.getpid(), "started": now,

@@ -25,7 +25,6 @@ import os
 import socket
 import sys
 import time
-import uuid
 from collections import deque
 from types import SimpleNamespace
 
@@ -34,7 +33,7 @@ import torch
 from evaluation.engine.errors import HarnessError
 from evaluation.models import model_directory, prepacks, resolve_dtype
 from evaluation.provenance import environment
-from evaluation.run.answer import one_line
+from evaluation.run.answer import error_record, one_line
 from evaluation.run.answerers import InProcess, load_target
 
 # Only answer records travel through Ray's object store (a few kB each; the model loads from disk in each worker),
@@ -95,12 +94,9 @@ class Worker:
 
 
 def timeout_record(spec, question, seconds: float, worker: int) -> dict:
-    """The error record of a question its worker did not answer in `seconds`: the fields of
-    `evaluation.run.answer.answer_record`'s error records, and the worker."""
-    return {"question_id": question.question_id, "category": question.category, "subtask": question.subtask,
-            "answer_id": uuid.uuid4().hex[:22], "model_id": spec.model.name, "method": spec.method.name,
-            "status": "error", "error": f"TimeoutError: no answer after {seconds:g} s on worker {worker}",
-            "choices": [], "worker": worker}
+    """The error record of a question its worker did not answer in `seconds`, naming the worker."""
+    message = f"TimeoutError: no answer after {seconds:g} s on worker {worker}"
+    return {**error_record(spec, question, message), "worker": worker}
 
 
 def worker_failed(exc) -> HarnessError:
