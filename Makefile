@@ -29,7 +29,7 @@ TEMPERATURE ?= 0
 METHODS   ?=
 
 .PHONY: help setup setup-gpu check-environment setup-cluster data datastore test bench report figures ablations exactness upstream-parity \
-	bench-engine gpu-check offline-bundle offline-check half-precision results-page clean
+	bench-engine gpu-check offline-bundle offline-check half-precision results-page clean bench-families
 
 help:  ## [instant] list the targets, with their duration on 2 CPU cores
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -90,6 +90,19 @@ bench: setup data  ## [~15 min] every method on a Spec-Bench slice (REPEATS=3: t
 		*) echo "error: bad value for SCHEDULE: '$(SCHEDULE)' (interleaved or sequential)" >&2; exit 2;; \
 	esac
 	$(PY) -m evaluation.report
+
+# The trained-draft families side by side on the bench slice (interleaved, one process), with EAGLE-2's and Gumiho's
+# reduced draft vocabularies (method.draft_vocab); the report set goes to results/families/.
+FAMILY_VOCABS ?= 4096 8192 16384
+bench-families: setup data  ## [~30 min] eagle, eagle2, eagle3, gumiho, gumiho-serial and the draft-vocabulary sweep on the bench slice
+	$(PY) -m evaluation.run.interleave method=vanilla \
+		$$($(PY) -m evaluation.catalog bench-settings $(MODEL) | tr , '\n' | grep -E '^(eagle|eagle2|eagle3|gumiho|gumiho-serial)$$' \
+			| sed 's/^/method=/') \
+		$(foreach n,$(FAMILY_VOCABS),"method=eagle2 method.draft_vocab=$(n)") "method=gumiho method.draft_vocab=8192" \
+		-- model=$(MODEL) bench.questions_per_subtask=$(QUESTIONS) bench.max_new_tokens=$(MAX_NEW) \
+		bench.warmup=$(WARMUP) run.results_dir=results/runs/families run.report=false $(ARGS)
+	$(PY) -m evaluation.report --results results/runs/families --out results/families
+	$(PY) -m evaluation.tools.family_table --report results/families
 
 report: setup  ## [seconds] rebuild results/report.md and .csv from the saved runs
 	$(PY) -m evaluation.report
@@ -163,3 +176,15 @@ TRAIN_RECIPE = $(if $(wildcard conf/train/$(MODEL).yaml),$(MODEL),default)
 .PHONY: train-gumiho
 train-gumiho: setup data  ## [train.max_minutes: 120 for smollm2-135m] train a Gumiho draft for MODEL (resumable)
 	$(PY) -m evaluation.tools.train_gumiho model=$(MODEL) train=$(TRAIN_RECIPE) $(TRAIN_ARGS)
+
+# EAGLE's draft (one decoder layer, no heads) for MODEL with the same recipe and data; eagle and eagle2 use it.
+.PHONY: train-eagle
+train-eagle: setup data  ## [train.max_minutes: 120 for smollm2-135m] train an EAGLE draft for MODEL (resumable)
+	$(PY) -m evaluation.tools.train_gumiho model=$(MODEL) train=$(TRAIN_RECIPE) train.family=eagle train.mlp_num=0 \
+		$(TRAIN_ARGS)
+
+# EAGLE-3's draft for MODEL: the training-time test over the recipe's draft vocabulary (train.draft_vocab).
+.PHONY: train-eagle3
+train-eagle3: setup data  ## [train.max_minutes: 120 for smollm2-135m] train an EAGLE-3 draft for MODEL (resumable)
+	$(PY) -m evaluation.tools.train_gumiho model=$(MODEL) train=$(TRAIN_RECIPE) train.family=eagle3 train.mlp_num=0 \
+		$(TRAIN_ARGS)

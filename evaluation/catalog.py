@@ -152,14 +152,36 @@ def model_name(model: str) -> str:
     return model_name(included[0]) if included else model
 
 
+def config_method(config_name: str) -> MethodEntry:
+    """The method a config file of `conf/method` defines or varies (a variant names its method in `defaults`)."""
+    by_file = {entry.config_file.stem: entry for entry in catalog().values()}
+    seen = []
+    while config_name not in by_file:
+        path = METHOD_CONF / f"{config_name}.yaml"
+        node = yaml.safe_load(path.read_text(encoding="utf-8")) if path.is_file() else None
+        parents = [d for d in (node or {}).get("defaults") or [] if isinstance(d, str) and d != "_self_"]
+        if not parents or config_name in seen:
+            raise HarnessError(f"conf/method/{config_name}.yaml defines no method and varies none")
+        seen.append(config_name)
+        config_name = parents[0]
+    return by_file[config_name]
+
+
 def bench_settings(model: str) -> list[str]:
     """The method configs a bench runs for `model` (file names of `conf/method`, variants included), vanilla first.
-    A trained-draft method joins once a draft for the model is committed under `gumiho/drafts/<model name>/`."""
+    A trained-draft method joins once a draft for the model is committed (its class's `ready_for`; the only place
+    this imports method classes)."""
     names = sorted(path.stem for path in METHOD_CONF.glob("*.yaml"))
-    drafted = (METHOD_CONF.parent.parent / "gumiho" / "drafts" / model_name(model) / "config.json").is_file()
-    trained = {entry.config_file.stem for entry in catalog().values() if entry.display.family == "trained draft"}
-    names = [n for n in names if n != "vanilla" and (drafted or not any(n.startswith(t) for t in trained))]
-    return ["vanilla", *names]
+    name = model_name(model)
+    kept = []
+    for config_name in names:
+        entry = config_method(config_name)
+        if config_name == "vanilla":
+            continue
+        if entry.display.family == "trained draft" and not import_class(entry.target, entry.name).ready_for(name):
+            continue
+        kept.append(config_name)
+    return ["vanilla", *kept]
 
 
 if __name__ == "__main__":  # `python -m evaluation.catalog bench-settings MODEL`: what `make bench` runs

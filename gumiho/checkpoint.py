@@ -3,10 +3,13 @@
 Released checkpoints (`amd/Gumiho-*`) hold `embed_tokens.weight`, `fc.*`, `layers.{0,1}.*` (no
 `layers.0.input_layernorm`) and the heads as `mlp.<i>.<block>.linear.*`; upstream's inference wrapper renames the
 heads to `mlp.mlp.<i>.*`, and both spellings are accepted here. Their config.json is the target's config with two
-layers. The embedding is not loaded: the draft uses the loaded target's own (frozen) embedding and head.
+layers. EAGLE's released drafts (`yuhuili/EAGLE-Vicuna-7B-v1.3`, ...) are the same layout with one layer and no
+heads. The layer and head counts are read from the keys. The embedding is not loaded: the draft uses the loaded
+target's own (frozen) embedding and head.
 
-Our drafts are a folder with `model.safetensors` (float16), `config.json` (the draft config plus `mlp_num`) and
-`manifest.json` (how it was trained). A hub id goes through huggingface_hub's snapshot cache; a local folder is
+Our drafts are a folder with `model.safetensors` (float16), `config.json` (the draft config plus `family` and
+`mlp_num`), `manifest.json` (how it was trained) and `token_counts.csv` (how often each target token occurs in the
+assistant text it was trained on: the reduced draft vocabulary's source). A hub id goes through huggingface_hub's snapshot cache; a local folder is
 read directly; both then take the same path. A folder that cannot be read (a broken config.json, weights that are
 not safetensors or not a state dict of tensors) is one `HarnessError` naming the file.
 
@@ -32,7 +35,9 @@ from gumiho.draft_model import GumihoDraft
 OUR_WEIGHTS = "model.safetensors"
 UPSTREAM_WEIGHTS = "pytorch_model.bin"
 FORMAT = "gumiho-draft-v1"
+TOKEN_COUNTS = "token_counts.csv"
 _MLP_KEY = re.compile(r"^mlp\.(?:mlp\.)?(\d+)\.(.*)$")
+_LAYER_KEY = re.compile(r"^layers\.(\d+)\.")
 
 
 def resolve(source: str | os.PathLike) -> Path:
@@ -46,7 +51,7 @@ def resolve(source: str | os.PathLike) -> Path:
         from huggingface_hub import snapshot_download
 
         folder = snapshot_download(str(source), allow_patterns=["config.json", UPSTREAM_WEIGHTS, OUR_WEIGHTS,
-                                                                "manifest.json"])
+                                                                "manifest.json", TOKEN_COUNTS])
     except Exception as exc:  # noqa: BLE001 - network, auth, unknown repo: one line for the user
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise HarnessError(f"cannot fetch draft {source!r} from the hub: {first} (give a local folder)") from None
@@ -69,6 +74,11 @@ def count_heads(state: dict) -> int:
     return max(heads) + 1 if heads else 0
 
 
+def count_layers(state: dict) -> int:
+    layers = {int(m.group(1)) for m in map(_LAYER_KEY.match, state) if m}
+    return max(layers) + 1 if layers else 0
+
+
 def reason(exc: BaseException) -> str:
     """What went wrong, in one short line: torch's weights-only refusal is several lines whose useful one is the
     unpickler's own; for anything else the first line."""
@@ -80,7 +90,7 @@ def reason(exc: BaseException) -> str:
     return (lines[0] if lines else type(exc).__name__)[:300]
 
 
-def _read_config(folder: Path) -> dict:
+def read_config(folder: Path) -> dict:
     path = folder / "config.json"
     if not path.is_file():
         return {}
@@ -93,7 +103,7 @@ def _read_config(folder: Path) -> dict:
     return config
 
 
-def _read_weights(folder: Path) -> dict:
+def read_weights(folder: Path) -> dict:
     path = folder / OUR_WEIGHTS
     if path.is_file():
         from safetensors.torch import load_file
@@ -123,23 +133,68 @@ def load_draft(source: str | os.PathLike, target_model, attn_implementation: str
     """A draft for `target_model` from a local folder or hub id, on the target's device and dtype; a folder that
     cannot be read or does not fit the target raises `HarnessError` (one line naming the file)."""
     folder = resolve(source)
-    config = _read_config(folder)
+    config = read_config(folder)
+    check_fits_target(source, config, target_model)
+    state = normalise_keys(read_weights(folder))
+    if any(key.startswith("midlayer.") for key in state):
+        raise HarnessError(f"draft {source} is an EAGLE-3 draft (midlayer.* keys): use method=eagle3")
+    layers = count_layers(state)
+    if not layers:
+        raise HarnessError(f"draft {source} has no decoder layers (no layers.<i>.* keys)")
+    draft = GumihoDraft.for_target(target_model, count_heads(state), attn_implementation, layers)
+    return fill(draft, state, source, target_model)
+
+
+def check_fits_target(source, config: dict, target_model) -> None:
+    """The draft's config.json names the target's hidden size and vocabulary, or nothing."""
     target = target_model.config
     for key in ("hidden_size", "vocab_size"):
         if key in config and config[key] != getattr(target, key):
             raise HarnessError(f"draft {source} has {key} {config[key]}, the target {getattr(target, key)}")
-    state = normalise_keys(_read_weights(folder))
-    draft = GumihoDraft.for_target(target_model, count_heads(state), attn_implementation)
+
+
+def fill(draft, state: dict, source, target_model):
+    """Load `state` into `draft` (every key, every shape exact, else one line), on the target's device and dtype."""
     own = draft.state_dict()
     missing = sorted(set(own) - set(state))
     unexpected = sorted(set(state) - set(own))
     wrong = sorted(k for k in set(own) & set(state) if own[k].shape != state[k].shape)
     if missing or unexpected or wrong:
+        detail = "; ".join(f"{k}: {tuple(state[k].shape)} for {tuple(own[k].shape)}" for k in wrong[:2])
         raise HarnessError(f"draft {source} does not fit the target: missing {missing[:3]}, "
-                           f"unexpected {unexpected[:3]}, wrong shape {wrong[:3]}")
+                           f"unexpected {unexpected[:3]}, wrong shape {wrong[:3]}" + (f" ({detail})" if detail else ""))
     draft.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items()})
     param = next(target_model.parameters())
     return draft.to(device=param.device, dtype=param.dtype).eval()
+
+
+def read_token_counts(folder: Path) -> Optional[torch.Tensor]:
+    """The draft's token counts [vocab] (int64), or None when the folder has none."""
+    path = Path(folder) / TOKEN_COUNTS
+    if not path.is_file():
+        return None
+    try:
+        rows = [line.split(",") for line in path.read_text(encoding="utf-8").splitlines()[1:] if line.strip()]
+        pairs = [(int(token), int(count)) for token, count in rows]
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise HarnessError(f"token counts {path} cannot be read as token_id,count rows ({reason(exc)})") from None
+    size = max((t for t, _ in pairs), default=-1) + 1
+    counts = torch.zeros(size, dtype=torch.long)
+    for token, count in pairs:
+        counts[token] = count
+    return counts
+
+
+def token_counts_text(counts: torch.Tensor) -> str:
+    """`token_id,count` rows for the tokens that occur, most frequent first (ties: lower id first)."""
+    order = most_frequent(counts, int((counts > 0).sum()))
+    return "token_id,count\n" + "".join(f"{int(t)},{int(counts[t])}\n" for t in order)
+
+
+def most_frequent(counts: torch.Tensor, n: int) -> torch.Tensor:
+    """The ids of the `n` largest counts, ties to the lower id (a stable order)."""
+    order = torch.sort(-counts, stable=True).indices
+    return order[:n]
 
 
 def is_harness_draft(folder: Path) -> bool:
@@ -180,7 +235,7 @@ def _sibling(folder: Path, kind: str) -> Path:
     return path
 
 
-def save_draft(draft: GumihoDraft, folder: str | os.PathLike, manifest: dict,
+def save_draft(draft, folder: str | os.PathLike, manifest: dict,
                files: Optional[dict[str, str]] = None) -> Path:
     """Write weights (float16 safetensors), config, manifest and `files` ({name: text}, e.g. the curve) into a new
     folder beside `folder`, then rename it into place. An existing `folder` is replaced only when it is a draft the
@@ -197,12 +252,13 @@ def save_draft(draft: GumihoDraft, folder: str | os.PathLike, manifest: dict,
     tmp: Optional[Path] = _sibling(folder, "tmp")
     aside: Optional[Path] = None
     try:
-        weights = {k: v.detach().to("cpu", torch.float16).contiguous() for k, v in draft.state_dict().items()}
+        weights = {k: v.detach().to("cpu", torch.float16 if v.is_floating_point() else v.dtype).contiguous()
+                   for k, v in draft.state_dict().items()}
         save_file(weights, tmp / OUR_WEIGHTS, metadata={"format": "pt"})
         with open(tmp / OUR_WEIGHTS, "rb") as f:
             os.fsync(f.fileno())
         config = draft.config.to_dict()
-        config.update(format=FORMAT, mlp_num=draft.mlp_num)
+        config.update(format=FORMAT, **draft.saved_fields())
         texts = {"config.json": json.dumps(config, indent=1, sort_keys=True, default=str) + "\n",
                  "manifest.json": json.dumps(manifest, indent=1, sort_keys=True, default=str) + "\n",
                  **(files or {})}

@@ -85,3 +85,15 @@ def iter_samples(tokenizer, chat_template: str, max_length: int, start: int = 0,
             rendered = render(tokenizer, chat_template, messages_of(record), max_length)
             if rendered is not None:
                 yield Sample(index, *rendered)
+
+
+def count_assistant_tokens(samples, vocab_size: int):
+    """How often each target token occurs in the assistant text of `samples` (EAGLE-3's draft-vocabulary recipe):
+    an int64 tensor [vocab_size]."""
+    import torch
+
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for sample in samples:
+        ids = torch.tensor(sample.input_ids)[torch.tensor(sample.loss_mask, dtype=torch.bool)]
+        counts += torch.bincount(ids, minlength=vocab_size)[:vocab_size]
+    return counts

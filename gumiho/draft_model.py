@@ -1,4 +1,5 @@
-"""The Gumiho draft network (docs/methods/gumiho.md, Draft network): fc(2H -> H), two Llama decoder layers, parallel MLP heads.
+"""The Gumiho draft network (docs/methods/gumiho.md, Draft network): fc(2H -> H), two Llama decoder layers, parallel MLP heads;
+with one decoder layer and no heads it is EAGLE's draft (EAGLE-1 and EAGLE-2, docs/methods/eagle.md).
 
 The draft reads target hidden states. Its serial part is EAGLE's: at draft position j the input is
 fc([emb(token_{j+1}) ; feature_j]) and the two decoder layers (the first without an input norm, no final norm)
@@ -7,7 +8,9 @@ output a feature whose logits, through the target's own frozen head, predict tok
 the concatenation of two serial (feature, token) pairs, passed through `fc`, to the feature of a deeper token.
 
 The embedding and the head are the target's own modules, held by reference and never registered here: they are
-frozen, not saved with the draft, and a tied-embedding target (SmolLM2) needs no separate copy.
+frozen, not saved with the draft, and a tied-embedding target (SmolLM2) needs no separate copy. A reduced draft
+vocabulary (`use_vocabulary`) keeps a copy of the head's rows for those tokens only, so drafting multiplies by N
+rows instead of the whole vocabulary; the tree holds target ids (`vocab_ids` maps them back).
 """
 
 from __future__ import annotations
@@ -56,14 +59,14 @@ def mlp_head(hidden_size: int) -> nn.Sequential:
                          *[ResidualBlock(hidden_size) for _ in range(RESIDUAL_BLOCKS)])
 
 
-def draft_config(target_config, attn_implementation: str = "sdpa") -> LlamaConfig:
-    """A copy of the target's config with two layers. RoPE parameters come from the target's config as
+def draft_config(target_config, attn_implementation: str = "sdpa", layers: int = SERIAL_LAYERS) -> LlamaConfig:
+    """A copy of the target's config with `layers` layers. RoPE parameters come from the target's config as
     transformers 5 stores them (`rope_parameters`, SmolLM2's base is 1e5), never a silent default."""
     source = target_config.to_dict() if hasattr(target_config, "to_dict") else dict(target_config)
     source = copy.deepcopy(source)
     for key in ("architectures", "auto_map", "quantization_config", "_name_or_path", "transformers_version"):
         source.pop(key, None)
-    source["num_hidden_layers"] = SERIAL_LAYERS
+    source["num_hidden_layers"] = layers
     rope = source.get("rope_parameters")
     if rope is None and "rope_theta" in source:  # a config written by transformers 4
         rope = {"rope_type": "default", "rope_theta": source.pop("rope_theta")}
@@ -79,7 +82,8 @@ def draft_config(target_config, attn_implementation: str = "sdpa") -> LlamaConfi
 
 
 class GumihoDraft(nn.Module):
-    """Serial layers plus `mlp_num` parallel heads; `mlp_num = 0` is an EAGLE(-2) draft."""
+    """`config.num_hidden_layers` serial layers plus `mlp_num` parallel heads; one layer and no heads is EAGLE's
+    draft."""
 
     def __init__(self, config: LlamaConfig, mlp_num: int = 5):
         super().__init__()
@@ -87,11 +91,13 @@ class GumihoDraft(nn.Module):
         self.mlp_num = mlp_num
         hidden = config.hidden_size
         self.fc = nn.Linear(2 * hidden, hidden, bias=True)
-        self.layers = nn.ModuleList([LlamaDecoderLayer(config, i) for i in range(SERIAL_LAYERS)])
+        self.layers = nn.ModuleList([LlamaDecoderLayer(config, i) for i in range(config.num_hidden_layers)])
         self.layers[0].input_layernorm = nn.Identity()  # upstream: layer 0 has no input norm
         self.mlp = nn.ModuleList([mlp_head(hidden) for _ in range(mlp_num)])
         self.rotary = LlamaRotaryEmbedding(config)
         self._target = ()  # (embedding, head), set by attach(); a tuple so they are not submodules
+        self.vocab_ids: torch.Tensor | None = None  # draft index -> target id; None: the whole vocabulary
+        self._head_rows = ()  # (the head's rows for vocab_ids,), not a parameter: derived from the frozen head
 
     def attach(self, embedding: nn.Module, head: nn.Module) -> "GumihoDraft":
         """Use the target's own frozen embedding and lm_head."""
@@ -99,9 +105,42 @@ class GumihoDraft(nn.Module):
         return self
 
     @classmethod
-    def for_target(cls, target_model, mlp_num: int = 5, attn_implementation: str = "sdpa") -> "GumihoDraft":
-        draft = cls(draft_config(target_model.config, attn_implementation), mlp_num)
+    def for_target(cls, target_model, mlp_num: int = 5, attn_implementation: str = "sdpa",
+                   layers: int = SERIAL_LAYERS) -> "GumihoDraft":
+        draft = cls(draft_config(target_model.config, attn_implementation, layers), mlp_num)
         return draft.attach(target_model.get_input_embeddings(), target_model.get_output_embeddings())
+
+    @property
+    def num_layers(self) -> int:
+        """Decoder layers (one KV cache layer each)."""
+        return len(self.layers)
+
+    hidden_state_layers = (-1,)  # the target features it reads: the last layer, after the final norm
+
+    @property
+    def family(self) -> str:
+        return "eagle" if self.mlp_num == 0 and self.num_layers == 1 else "gumiho"
+
+    def saved_fields(self) -> dict:
+        """What config.json records beyond the Llama config, to rebuild this draft."""
+        return {"family": self.family, "mlp_num": self.mlp_num}
+
+    def use_vocabulary(self, token_ids: torch.Tensor | None) -> None:
+        """Draft over these target ids only (None: the whole vocabulary again)."""
+        if token_ids is None:
+            self.vocab_ids, self._head_rows = None, ()
+            return
+        weight = self.head.weight
+        if getattr(self.head, "bias", None) is not None:
+            raise ValueError("a reduced draft vocabulary needs a head without a bias")
+        self.vocab_ids = token_ids.to(weight.device)
+        self._head_rows = (weight.detach()[self.vocab_ids].contiguous(),)
+
+    def vocab_logits(self, features: torch.Tensor) -> torch.Tensor:
+        """Logits over the draft vocabulary (the target's head, or its rows for `vocab_ids`)."""
+        if self._head_rows:
+            return features @ self._head_rows[0].T
+        return self.head(features)
 
     @property
     def embed(self) -> nn.Module:

@@ -52,15 +52,48 @@ def heldout_set(lm, question_file: str | Path, per_subtask: int, new_tokens: int
 
 
 @torch.no_grad()
-def target_states(target, ids: torch.Tensor) -> torch.Tensor:
-    """The target's last-layer (post-norm) hidden states [1, L, H]."""
-    return target(input_ids=ids, output_hidden_states=True, logits_to_keep=1).hidden_states[-1]
+def target_states(target, ids: torch.Tensor, layers=(-1,)) -> torch.Tensor:
+    """The target's hidden states at `layers` (transformers' numbering; -1: the last, post-norm) side by side."""
+    states = target(input_ids=ids, output_hidden_states=True, logits_to_keep=1).hidden_states
+    return torch.cat([states[i] for i in layers], dim=-1)
+
+
+def serial_unroll(draft, x_next: torch.Tensor, features: torch.Tensor, depths: int,
+                  attention_mask: torch.Tensor | None = None) -> list[torch.Tensor]:
+    """The draft's outputs at depths 1..`depths` for every position t at once, as a tree would compute them (and
+    EAGLE-3's training-time test trains them).
+
+    Depth 1 is the causal pass over the pairs (features_t, x_{t+1}) at positions t. Depth k's query at t is the
+    pair (its depth k-1 output, x_{t+k}) at position t + k - 1; it sees the depth-1 pairs up to t and its own depth
+    2..k pairs at t (the diagonal), as a tree node sees the context and its ancestors. Each depth is one forward of
+    n queries; the keys of earlier depths come from a cache that keeps the autograd graph (transformers'
+    DynamicCache). x_next [B, n] = x_{t+1}; features [B, n, width]; attention_mask [B, n] (1 = real token)."""
+    from transformers import DynamicCache
+
+    batch, n = x_next.shape
+    device, dtype = x_next.device, features.dtype
+    positions = torch.arange(n, device=device)[None].expand(batch, -1)
+    context = torch.ones(n, n, dtype=torch.bool, device=device).tril()[None].expand(batch, n, n)
+    if attention_mask is not None:
+        context = context & attention_mask.bool()[:, None, :]
+    diagonal = torch.eye(n, dtype=torch.bool, device=device)[None].expand(batch, n, n)
+    cache = DynamicCache()
+    x = draft.pair_input(x_next, features)
+    outputs = []
+    for k in range(1, depths + 1):
+        allowed = torch.cat([context] + [diagonal] * (k - 1), dim=-1)
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)
+        out = draft.serial(x, positions + (k - 1), mask[:, None], cache)
+        outputs.append(out)
+        if k < depths:
+            x = draft.pair_input(torch.roll(x_next, -k, dims=1), out)
+    return outputs
 
 
 @torch.no_grad()
 def depth_accuracy(draft: GumihoDraft, target, items, max_prompt: int = 768) -> dict:
     """{"positions": n, "acc1".."accD": float} pooled over every continuation position of every item."""
-    depths = min(MAX_DEPTH, 2 + draft.mlp_num)
+    depths = min(MAX_DEPTH, 2 + draft.mlp_num) if draft.mlp_num else MAX_DEPTH
     correct = torch.zeros(depths)
     total = torch.zeros(depths)
     device = next(target.parameters()).device
@@ -71,29 +104,16 @@ def depth_accuracy(draft: GumihoDraft, target, items, max_prompt: int = 768) -> 
         prompt = prompt[-max_prompt:]
         ids = torch.tensor([prompt + list(continuation)], device=device)
         length = ids.shape[1]
-        h = target_states(target, ids).to(dtype)
+        h = target_states(target, ids, draft.hidden_state_layers).to(dtype)
         x_next = ids[:, 1:]  # x_{t+1} for t = 0..L-2
         hidden = h[:, :-1]
-        n = length - 1
-        # depth 1, every position at once (causal): o_t ~ h_{t+1}
-        x = draft.pair_input(x_next, hidden)
-        positions = torch.arange(n, device=device)[None]
-        causal = torch.full((n, n), torch.finfo(dtype).min, dtype=dtype, device=device).triu_(1)
-        o = draft.serial(x, positions, causal[None, None])
-        # depth 2: query t is the pair (o_t, x_{t+2}) at position t+1; it sees context 0..t and itself
-        x2_tokens = torch.roll(x_next, -1, dims=1)
-        q2 = draft.pair_input(x2_tokens, o)
-        both = torch.cat((x, q2), dim=1)
-        pos2 = torch.cat((positions, positions + 1), dim=1)
-        allowed = torch.zeros(2 * n, 2 * n, dtype=torch.bool, device=device)
-        allowed[:n, :n] = torch.ones(n, n, dtype=torch.bool, device=device).tril()
-        allowed[n:, :n] = torch.ones(n, n, dtype=torch.bool, device=device).tril()
-        allowed[n:, n:] = torch.eye(n, dtype=torch.bool, device=device)
-        mask = torch.zeros(2 * n, 2 * n, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)
-        o2 = draft.serial(both, pos2, mask[None, None])[:, n:]
-        outputs = [o, o2]
+        # depth 1, every position at once (causal): o_t ~ h_{t+1}; deeper serial depths unrolled on the draft's
+        # own outputs (Gumiho: depth 2, then its heads; a draft without heads: every depth)
+        serial_depths = 2 if draft.mlp_num else depths
+        outputs = serial_unroll(draft, x_next, hidden, serial_depths)
         if draft.mlp_num:
-            x3_tokens = torch.roll(x_next, -2, dims=1)
+            x2_tokens, x3_tokens = torch.roll(x_next, -1, dims=1), torch.roll(x_next, -2, dims=1)
+            o, o2 = outputs
             v = torch.cat((draft.pair_input(x2_tokens, o), draft.pair_input(x3_tokens, o2)), dim=-1)
             outputs += draft.heads(v)[: depths - 2]
         start = len(prompt) - 1  # t from here predicts continuation tokens
@@ -102,7 +122,9 @@ def depth_accuracy(draft: GumihoDraft, target, items, max_prompt: int = 768) -> 
             last = length - 2 - d
             if last <= start:
                 continue
-            predicted = draft.head(out[0, start:last]).argmax(-1)
+            predicted = draft.vocab_logits(out[0, start:last]).argmax(-1)
+            if draft.vocab_ids is not None:
+                predicted = draft.vocab_ids[predicted]
             truth = ids[0, start + 2 + d: length]
             correct[d] += (predicted == truth).sum().item()
             total[d] += truth.numel()

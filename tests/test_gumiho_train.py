@@ -1,8 +1,9 @@
-"""Gumiho training on a tiny slice: the data's loss mask, a few steps lower the loss, a stopped run resumes to
-the state of an uninterrupted one, and the held-out per-depth evaluation runs."""
+"""Training every draft family on a tiny slice: the data's loss mask, a few steps lower each family's loss, a
+stopped run resumes to the state of an uninterrupted one, and the held-out per-depth evaluation runs."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from gumiho.data import iter_samples, messages_of, render
@@ -52,18 +53,35 @@ def test_a_few_steps_lower_the_loss(lm, tmp_path):
     assert losses[-1] < 0.8 * losses[0], losses
 
 
-def test_a_stopped_run_resumes_to_the_uninterrupted_state(lm, tmp_path):
-    whole = Trainer(lm, options(tmp_path / "a", max_steps=4), "tiny")
+EAGLE3 = {"family": "eagle3", "mlp_num": 0, "draft_vocab": 1024, "vocab_records": 30, "unroll": 3,
+          "soft_ce": "candidates"}
+
+
+@pytest.mark.parametrize("family", [{"family": "eagle", "mlp_num": 0}, EAGLE3], ids=["eagle", "eagle3"])
+def test_a_few_steps_lower_each_familys_loss(lm, tmp_path, family):
+    trainer = Trainer(lm, options(tmp_path, **family), "tiny")
+    sample = next(s for s in iter_samples(lm.tokenizer, lm.chat_template, 96) if sum(s.loss_mask) >= 16)
+    losses = [trainer.train_step([sample])["loss"] for _ in range(6)]
+    assert losses[-1] < 0.8 * losses[0], losses
+    if family["family"] == "eagle3":  # the draft proposes from the 1024 most frequent assistant tokens
+        assert trainer.draft.vocab_ids.numel() == 1024 and int(trainer.draft.t2d.sum()) == 1024
+
+
+@pytest.mark.parametrize("family", [{}, EAGLE3], ids=["gumiho", "eagle3"])
+def test_a_stopped_run_resumes_to_the_uninterrupted_state(lm, tmp_path, family):
+    whole = Trainer(lm, options(tmp_path / "a", max_steps=4, **family), "tiny")
     whole.run()
-    first = Trainer(lm, options(tmp_path / "b", max_steps=2), "tiny")
+    first = Trainer(lm, options(tmp_path / "b", max_steps=2, **family), "tiny")
     first.run()
-    resumed = Trainer(lm, options(tmp_path / "b", max_steps=4), "tiny")
+    resumed = Trainer(lm, options(tmp_path / "b", max_steps=4, **family), "tiny")
     resumed.run()
     assert (resumed.step, resumed.tokens, resumed.position) == (whole.step, whole.tokens, whole.position)
     a, b = whole.draft.state_dict(), resumed.draft.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert (tmp_path / "b" / "draft" / "model.safetensors").is_file()
     assert (tmp_path / "b" / "draft" / "curve.csv").read_text().startswith("tokens,steps,wall_hours,acc1")
+    assert torch.equal(resumed.token_counts, whole.token_counts) and int(whole.token_counts.sum()) > 0
+    assert (tmp_path / "b" / "draft" / "token_counts.csv").read_text().startswith("token_id,count\n")
 
 
 def test_per_depth_evaluation_runs(lm):

@@ -11,7 +11,7 @@ from baselines.lookahead import Lookahead, NgramPool, advance_window, harvest, w
 from evaluation.engine import decode_turn
 from evaluation.engine.errors import OptionError
 from evaluation.engine.method import DecodeState, StepOutcome
-from tests.conftest import ONE_PER_SUBTASK
+from tests.conftest import THREE
 
 
 def test_window_columns_are_contiguous_trajectories():
@@ -106,7 +106,7 @@ def test_lookahead_default_is_lossless(lm, assert_lossless):
 
 
 def test_lookahead_without_full_match_bonus_is_lossless(lm, assert_lossless):
-    results = assert_lossless(Lookahead(Lookahead.Config(full_match_bonus=False), lm), names=ONE_PER_SUBTASK)
+    results = assert_lossless(Lookahead(Lookahead.Config(full_match_bonus=False), lm), names=THREE)
     assert max(max(r.accept_lengths) for r in results.values()) <= 4  # never more than N-1 tokens per step
 
 
@@ -132,7 +132,7 @@ def test_first_window_step(lm, lossless_prompts, first_step, pending_at, first_w
 
 
 def test_after_prefill_is_lossless(lm, assert_lossless):
-    assert_lossless(Lookahead(Lookahead.Config(first_step="after_prefill"), lm), names=ONE_PER_SUBTASK)
+    assert_lossless(Lookahead(Lookahead.Config(first_step="after_prefill"), lm), names=THREE)
 
 
 def test_check_rejects_bad_first_step():

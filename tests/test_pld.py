@@ -10,7 +10,7 @@ import torch
 from baselines.pld import PLD, NgramIndex
 from evaluation.engine.method import DecodeState
 from evaluation.engine.errors import OptionError
-from tests.conftest import ONE_PER_SUBTASK
+from tests.conftest import THREE
 
 
 def spec_lookup(x: list[int], max_n: int, k: int, full: bool, order: str = "earliest") -> list[int]:
@@ -94,4 +94,4 @@ def test_pld_default_is_lossless(lm, assert_lossless):
 
 def test_pld_with_upstream_quirks_is_lossless(lm, assert_lossless):
     assert_lossless(PLD(PLD.Config(require_full_continuation=True, dummy_draft_when_no_match=True), lm),
-                    names=ONE_PER_SUBTASK)
+                    names=THREE)

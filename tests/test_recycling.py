@@ -12,7 +12,7 @@ from baselines.recycling import TEMPLATES, AdjacencyDrafter, Template, TokenRecy
 from evaluation.engine import decode_turn
 from evaluation.engine.method import DecodeState
 from evaluation.engine.errors import OptionError
-from tests.conftest import ONE_PER_SUBTASK
+from tests.conftest import THREE
 
 
 def test_template_222_is_upstreams():
@@ -102,7 +102,7 @@ def test_recycling_is_lossless(lm, assert_lossless):
     # The principled setting on the same prompts: lossless too, its prefill commits a token and it never learns
     # past the answer, and it drafts otherwise than upstream's.
     principled = TokenRecycling.Config(first_step="after_prefill", end_of_turn="answer", adjacency_scope="question")
-    other = assert_lossless(TokenRecycling(principled, lm), names=ONE_PER_SUBTASK)
+    other = assert_lossless(TokenRecycling(principled, lm), names=THREE)
     assert all(r.accept_lengths[0] == 1 and not r.past_answer_lengths for r in other.values())
     assert any(results[n].accept_lengths[1:] != other[n].accept_lengths[1:] for n in other)
 

@@ -19,6 +19,7 @@ from evaluation.run import folder as run_folder_module
 from evaluation.run import orchestrate
 from evaluation.run.folder import AnswerFile, content_sha256, one_writer, open_run, run_identity
 from evaluation.run.validation import validate
+from eagle.method import Eagle2
 from gumiho.method import committed_draft_dir
 from tests.conftest import ROOT
 from tests.test_runner import QUESTIONS, small_config, write_questions
@@ -63,8 +64,10 @@ def test_a_draft_retrained_in_place_is_a_new_run(tmp_path):
     weights.write_bytes(bytes(data))
     assert identity(cfg)["inputs_sha256"] != before["inputs_sha256"]
     # The committed draft counts too; a method reading nothing beside the model keeps the identity it had.
-    committed = identity(small_config(tmp_path, questions_file(tmp_path), "method=eagle2"))
+    committed = identity(small_config(tmp_path, questions_file(tmp_path), "method=gumiho-serial"))
     assert committed["inputs_sha256"] == {"draft": content_sha256(committed_draft_dir("smollm2-135m"))}
+    eagle = identity(small_config(tmp_path, questions_file(tmp_path), "method=eagle2"))
+    assert eagle["inputs_sha256"] == {"draft": content_sha256(Eagle2.committed_draft_dir("smollm2-135m"))}
     assert "inputs_sha256" not in identity(small_config(tmp_path, questions_file(tmp_path), "method=pld"))
 
 

@@ -13,7 +13,7 @@ from evaluation.engine.method import DecodeState
 from evaluation.engine.errors import OptionError
 from evaluation.engine import decode_turn
 from evaluation.questions import load_questions
-from tests.conftest import ONE_PER_SUBTASK
+from tests.conftest import THREE
 
 
 def common_suffix_lengths(x: list[int], target: list[int]) -> list[int]:
@@ -160,7 +160,7 @@ def test_sam_tr_defaults_follow_upstream_step_for_step(lm, lossless_prompts):
 
 def test_sam_principled_setting_is_lossless(lm, assert_lossless):
     principled = SamConfig(pad_chain=False, prefill_rows="last", end_of_turn="answer", adjacency_scope="question")
-    results = assert_lossless(SamDecoding(principled, lm), names=ONE_PER_SUBTASK)
+    results = assert_lossless(SamDecoding(principled, lm), names=THREE)
     assert not any(r.past_answer_lengths for r in results.values())
 
 

@@ -90,11 +90,10 @@ def build(lm, config_name: str):
     """The method of conf/method/<config_name>.yaml; trained drafts fall back to a random one when none is
     committed for the embedded model (the rule, not the draft, is under test)."""
     from evaluation.run.validation import method_spec
-    from gumiho.method import committed_draft_dir
 
     spec = method_spec(compose_config(f"method={config_name}").method)
     cls, options = spec.cls, spec.options
-    if hasattr(options, "draft") and options.draft is None and not committed_draft_dir(lm.name).is_dir():
+    if hasattr(options, "draft") and options.draft is None and not cls.ready_for(lm.name):
         options = dataclasses.replace(options, draft="random")
     return cls(options, lm)
 

@@ -63,7 +63,8 @@ def top2_margins(logits: torch.Tensor) -> list[float]:
     return (top[..., 0] - top[..., 1]).tolist()
 
 
-def _forward(model, input_ids, position_ids, attention_mask, cache, logits_to_keep, hidden):
+def _forward(model, input_ids, position_ids, attention_mask, cache, logits_to_keep, layers):
+    """Logits [tokens, vocab] and, when `layers` names some, those hidden states side by side [tokens, width]."""
     out = model(
         input_ids=input_ids,
         position_ids=position_ids,
@@ -71,10 +72,13 @@ def _forward(model, input_ids, position_ids, attention_mask, cache, logits_to_ke
         **cache_argument(model, cache),
         use_cache=True,
         logits_to_keep=logits_to_keep,
-        output_hidden_states=hidden,
+        output_hidden_states=bool(layers),
     )
-    hidden_states = out.hidden_states[-1][0] if hidden else None
-    return out.logits[0], hidden_states
+    if not layers:
+        return out.logits[0], None
+    if len(layers) == 1:
+        return out.logits[0], out.hidden_states[layers[0]][0]
+    return out.logits[0], torch.cat([out.hidden_states[i][0] for i in layers], dim=-1)
 
 
 def has_room(lm, cache, prompt_length: int, generated: int, width: int) -> bool:
@@ -95,7 +99,7 @@ def decode_turn(lm, method: Method, prompt_ids: list[int], max_new_tokens: int,
     budget = min(max_new_tokens, lm.max_context - prompt_length)
     if budget < 1:
         raise ValueError(f"prompt of {prompt_length} tokens leaves no room in a context of {lm.max_context}")
-    hidden = method.needs_hidden_states
+    layers = tuple(method.hidden_state_layers) if method.needs_hidden_states else ()
     clock = LapClock(device)
 
     # Prefill: the whole prompt, causal, in one forward; only the last position's logits are needed, unless the
@@ -115,7 +119,7 @@ def decode_turn(lm, method: Method, prompt_ids: list[int], max_new_tokens: int,
         causal[None, None],
         cache,
         0 if method.needs_prompt_logits else 1,
-        hidden,
+        layers,
     )
     last_logits = logits[-1]
     if short:
@@ -126,7 +130,7 @@ def decode_turn(lm, method: Method, prompt_ids: list[int], max_new_tokens: int,
         margins = top2_margins(last_logits[None]) if record_margins else []
     clock.lap("prefill")
     # A method that reads hidden states also gets the prompt's (e.g. a trained draft's context).
-    method.reset(list(prompt_ids), hidden_states=hidden_states if hidden else None)
+    method.reset(list(prompt_ids), hidden_states=hidden_states)
     if method.needs_prompt_logits:
         method.learn_from_prompt(list(prefilled), logits)
     clock.lap("update")
@@ -161,7 +165,7 @@ def decode_turn(lm, method: Method, prompt_ids: list[int], max_new_tokens: int,
         clock.lap("tree")
         # 3. one target forward over all nodes
         logits, hidden_states = _forward(
-            model, inputs.input_ids, inputs.position_ids, inputs.attention_mask, cache, 0, hidden
+            model, inputs.input_ids, inputs.position_ids, inputs.attention_mask, cache, 0, layers
         )
         clock.lap("forward")
         # 4. verification, then the stop rules on the committed chunk

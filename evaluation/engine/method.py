@@ -42,7 +42,9 @@ class StepOutcome:
     verdict: Verdict
     tree_logits: torch.Tensor  # [tree nodes, vocab]
     side_logits: torch.Tensor | None  # [side nodes, vocab], when the draft had side nodes
-    hidden_states: torch.Tensor | None  # [nodes, hidden] last layer, when the method asks for them
+    # [nodes, width] the target's hidden states at the layers the method asks for (`hidden_state_layers`), side by
+    # side; None when it asks for none
+    hidden_states: torch.Tensor | None
     # When the draft budget cut the tree: the proposed index of each verified node (node 0 first), so a method
     # can map the verified nodes (verdict.path, tree_logits rows) back to what it drafted. None: nothing was cut.
     proposed_index: np.ndarray | None = None
@@ -73,6 +75,10 @@ class Method:
 
     Config: ClassVar[type] = NoOptions
     needs_hidden_states: ClassVar[bool] = False
+    # With `needs_hidden_states`: which of the target's hidden states, as transformers numbers them with
+    # `output_hidden_states` (0: the embeddings, l: the output of layer l - 1, -1: the last layer after the final
+    # norm), concatenated in this order. A method may set it per instance (e.g. from the target's layer count).
+    hidden_state_layers: tuple[int, ...] = (-1,)
     # Hooks for reproducing an upstream loop step for step; the defaults suit every method written for this engine.
     # The prefill stops one token short: the first step verifies the last prompt token with a draft below it.
     prefill_stops_short: bool = False
@@ -95,6 +101,12 @@ class Method:
         one. Asked before the model loads; a path that does not exist yet is left out (the method reports it)."""
         return {}
 
+    @classmethod
+    def ready_for(cls, model_name: str) -> bool:
+        """Whether the method runs with its default options for the target `model_name` as this checkout stands
+        (a trained draft: one is committed for it); a bench leaves it out otherwise."""
+        return True
+
     @property
     def max_nodes(self) -> int:
         """An upper bound on draft plus side nodes per step; the cache reserves that many slots."""
@@ -102,7 +114,7 @@ class Method:
 
     def reset(self, prompt_ids: list[int], hidden_states: torch.Tensor | None = None) -> None:
         """Called at the start of every turn with the full prompt (earlier turns included), and with the prompt's
-        last-layer hidden states [prompt, hidden] when the method asks for them (`needs_hidden_states`)."""
+        hidden states [prompt, width] when the method asks for them (`needs_hidden_states`, `hidden_state_layers`)."""
 
     def learn_from_prompt(self, token_ids: list[int], logits: torch.Tensor) -> None:
         """With `needs_prompt_logits`: the prefilled tokens and their logits [tokens, vocab] (row i: after token i)."""

@@ -108,7 +108,8 @@ def rest_on_tokens(lm, corpus: list[list[int]], config):
 
 
 # Options a method needs on a model without a committed draft or a tokenizer.
-TINY_OPTIONS = {"gumiho": {"draft": "random"}, "eagle2": {"draft": "random"},
+TINY_OPTIONS = {"gumiho": {"draft": "random"}, "eagle": {"draft": "random"}, "eagle2": {"draft": "random"},
+                "eagle3": {"draft": "random"}, "gumiho-serial": {"draft": "random"},
                 "lookahead": {"seed_pool_from_prompt": True},  # three tokens are too few to fill its window
                 "rest": {"no_match_token": 1}}
 

@@ -12,7 +12,8 @@ from evaluation import report
 from evaluation.engine.errors import HarnessError
 from evaluation.files import write_text
 from evaluation.report.figures.ablations import ablation_table, plot_ablations
-from evaluation.report.figures.gumiho import draft_curves, gumiho_table, plot_training_curve
+from evaluation.report.figures.gumiho import (draft_curves, family_curves, gumiho_table, plot_family_curves,
+                                              plot_training_curve)
 from evaluation.report.figures.common import _latex, _markdown, _save, _write_csv, summarize_settings, with_settings
 from evaluation.report.figures.motivation import find_motivation, load_motivation, plot_motivation
 from evaluation.report.figures.plots import budget_pairs, plot_acceptance, plot_breakdown, plot_budget
@@ -122,6 +123,11 @@ def build_all(results_dir: str | Path | list[str | Path], out_dir: str | Path,
         written += _save(figure, out / f"training_{model}")
         captions.append(f"- `training_{model}.png/.pdf`: held-out top-1 accuracy of the committed Gumiho draft per "
                         f"depth (1-2 serial layers, 3-7 MLP heads) against training tokens (`{curve_csv.name}`).")
+        curves = family_curves(Path(drafts_dir).parent.parent, model)
+        if len(curves) > 1:
+            written += _save(plot_family_curves(curves, model), out / f"training_families_{model}")
+            captions.append(f"- `training_families_{model}.png/.pdf`: held-out top-1 accuracy at depths 1-4 against "
+                            f"training tokens, every draft family committed for {model} ({', '.join(curves)}).")
 
     for setting in (sorted(summary.setting.unique()) if not summary.empty else []):
         title = summary[summary.setting == setting].setting_title.iloc[0]

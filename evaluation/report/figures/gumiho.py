@@ -1,4 +1,5 @@
-"""Gumiho's own outputs: the training curve of a committed draft, and our Gumiho/EAGLE-2 rows beside the paper's."""
+"""The trained drafts' own outputs: the training curve of a committed draft, every family's curves side by side,
+and our Gumiho/EAGLE-2 rows beside the paper's."""
 
 from __future__ import annotations
 
@@ -16,6 +17,39 @@ MEAN = "Mean (6 benchmarks)"
 def draft_curves(drafts_dir: str | Path) -> dict[str, Path]:
     """The training curve of every committed draft: {model name: gumiho/drafts/<model>/curve.csv}."""
     return {path.parent.name: path for path in sorted(Path(drafts_dir).glob("*/curve.csv"))}
+
+
+def family_curves(root: str | Path, model: str) -> dict[str, pd.DataFrame]:
+    """The training curves of the committed drafts of every family for `model`, by family (the Gumiho draft under
+    gumiho/drafts/, EAGLE's and EAGLE-3's under eagle/drafts/<family>/), those that exist."""
+    root = Path(root)
+    paths = {"gumiho": root / "gumiho" / "drafts" / model / "curve.csv",
+             "eagle": root / "eagle" / "drafts" / "eagle" / model / "curve.csv",
+             "eagle3": root / "eagle" / "drafts" / "eagle3" / model / "curve.csv"}
+    return {family: pd.read_csv(path) for family, path in paths.items() if path.is_file()}
+
+
+FAMILY_TITLES = {"gumiho": "Gumiho (2 serial layers, 5 MLP heads)", "eagle": "EAGLE (1 layer)",
+                 "eagle3": "EAGLE-3 (fused features, training-time test)"}
+
+
+def plot_family_curves(curves: dict[str, pd.DataFrame], model: str, depths=(1, 2, 3, 4)):
+    """Held-out top-1 accuracy against training tokens, one panel per depth, one line per family."""
+    fig, axes = plt.subplots(1, len(depths), figsize=(3.2 * len(depths), 3.2), sharey=True)
+    for ax, depth in zip(axes, depths):
+        for family, curve in curves.items():
+            column = f"acc{depth}"
+            if column in curve:
+                ax.plot(curve.tokens, curve[column], marker="o", markersize=3, label=FAMILY_TITLES.get(family, family))
+        ax.set_title(f"depth {depth}", fontsize=10)
+        ax.set_xlabel("training tokens")
+        ax.grid(alpha=0.3)
+        ax.set_ylim(bottom=0)
+    axes[0].set_ylabel("held-out top-1 accuracy")
+    axes[-1].legend(fontsize=7)
+    fig.suptitle(f"Drafts for {model} trained on the same ShareGPT tokens", fontsize=10)
+    fig.tight_layout()
+    return fig
 
 
 def plot_training_curve(curve: pd.DataFrame, title: str):
