@@ -314,3 +314,33 @@ def test_the_committed_eagle_draft_is_lossless_and_accepts_drafts(lm, assert_los
     assert Eagle2.ready_for(lm.name) and Eagle.ready_for(lm.name)
     assert mean_accepted(assert_lossless(Eagle2(Eagle2Config(), lm), names=THREE)) > 1.2
     assert mean_accepted(assert_lossless(Eagle(EagleConfig(draft_vocab=8192), lm), names=("q241",))) > 1.1
+
+
+def test_the_family_table_reads_a_report(tmp_path):
+    """`make bench-families`' table: one row per method setting, in table order, the draft split and equality."""
+    from evaluation.tools.family_table import family_table
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "manifest.json").write_text(json.dumps({"environment": {"cpu": "Test CPU", "cpu_count": 2,
+                                                                   "torch_threads": 2, "git_commit": "abcdef0123"}}))
+    common = {"subtask": "overall", "model": "m", "dtype": "float32", "max_new_tokens": 128, "questions": 6,
+              "run_dir": str(run), "tokens_per_s": 5.0, "verified_per_step": 59, "ms_per_step_forward": 200.0}
+    rows = [dict(common, method_label="eagle2,draft_vocab=4096", speedup=0.42, mat=1.56, ms_per_step_draft=39.0,
+                 ms_per_step_draft_head=10.0),
+            dict(common, method_label="vanilla", speedup=1.0, mat=1.0, ms_per_step_draft=0.0),
+            dict(common, method_label="eagle2", speedup=0.33, mat=1.49, ms_per_step_draft=88.0,
+                 ms_per_step_draft_head=55.0),
+            dict(common, method_label="eagle2", subtask="rag", speedup=9.0, mat=9.0)]
+    import pandas as pd
+
+    pd.DataFrame(rows).to_csv(tmp_path / "report.csv", index=False)
+    pd.DataFrame({"method_label": ["eagle2", "eagle2", "eagle2,draft_vocab=4096"],
+                  "equal": [True, False, True]}).to_csv(tmp_path / "lossless.csv", index=False)
+    table, where = family_table(tmp_path)
+    assert list(table.method) == ["vanilla", "eagle2", "eagle2,draft_vocab=4096"]
+    assert list(table["speedup"]) == ["1.00", "0.33", "0.42"] and list(table["equal to vanilla"]) == ["–", "1/2", "1/1"]
+    assert list(table["of which vocabulary head"]) == ["–", "55", "10"]
+    assert where.startswith("Measured on Test CPU (2 cores, 2 torch threads) at commit `abcdef0`: m, float32")
+    with pytest.raises(HarnessError, match="make bench-families"):
+        family_table(tmp_path / "nothing")

@@ -51,8 +51,8 @@ def family_table(folder: Path) -> tuple[pd.DataFrame, str]:
     row = overall.iloc[0]
     where = (f"Measured on {env.get('cpu', 'an unnamed CPU')} ({env.get('cpu_count', '?')} cores, "
              f"{env.get('torch_threads', '?')} torch threads) at commit `{str(env.get('git_commit', ''))[:7]}`"
-             f"{' (dirty)' if env.get('git_dirty') else ''}: {row.model}, {row.dtype}, max_new_tokens "
-             f"{row.max_new_tokens}, {int(row.questions)} questions, one interleaved round.")
+             f"{' (dirty)' if env.get('git_dirty') else ''}: {row['model']}, {row['dtype']}, max_new_tokens "
+             f"{row['max_new_tokens']}, {int(row['questions'])} questions, one interleaved round.")
     return table, where
 
 

@@ -43,6 +43,7 @@ def plot_family_curves(curves: dict[str, pd.DataFrame], model: str, depths=(1, 2
                 ax.plot(curve.tokens, curve[column], marker="o", markersize=3, label=FAMILY_TITLES.get(family, family))
         ax.set_title(f"depth {depth}", fontsize=10)
         ax.set_xlabel("training tokens")
+        ax.xaxis.set_major_formatter(lambda x, _: f"{x / 1e3:.0f}k")
         ax.grid(alpha=0.3)
         ax.set_ylim(bottom=0)
     axes[0].set_ylabel("held-out top-1 accuracy")
