@@ -114,7 +114,7 @@ class Eagle(EagleDrafts):
                 for b, node in enumerate(nodes):
                     outputs[node] = out[b]
                     rows[node] = rows[tree.parents[node]] + [first_row + b]
-                    for child in tree.children(node):
+                    for child in tree.children_of[node]:
                         tokens[child] = ranked[b][tree.ranks[child]]
         finally:
             self.cache.crop(context)

@@ -26,6 +26,7 @@ class StaticTree:
     parents: tuple[int, ...]  # parent node index, -1 for a child of the pending token
     ranks: tuple[int, ...]  # the node's rank among its parent's predictions
     expanded_by_depth: tuple[tuple[int, ...], ...]  # per depth 1.., the nodes with children, in layout order
+    children_of: tuple[tuple[int, ...], ...]  # per node, its children in layout order
 
     @classmethod
     def from_paths(cls, paths) -> "StaticTree":
@@ -41,12 +42,10 @@ class StaticTree:
         depth = max(len(p) for p in paths)
         expanded = tuple(tuple(i for i, p in enumerate(paths) if len(p) == d and i in has_children)
                          for d in range(1, depth))
-        return cls(paths, parents, tuple(p[-1] for p in paths), expanded)
+        children = tuple(tuple(i for i, parent in enumerate(parents) if parent == node) for node in range(len(paths)))
+        return cls(paths, parents, tuple(p[-1] for p in paths), expanded, children)
 
     @property
     def top_k(self) -> int:
         """How many ranked predictions a node needs: one more than the largest rank."""
         return max(self.ranks) + 1
-
-    def children(self, node: int) -> list[int]:
-        return [i for i, parent in enumerate(self.parents) if parent == node]

@@ -3,6 +3,7 @@ multi-layer hidden states, the reduced draft vocabulary, and losslessness on the
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -288,8 +289,6 @@ def test_options_are_checked(lm):
     with pytest.raises(OptionError, match="draft_vocab"):
         Eagle2Config(draft_vocab=0).check()
     with pytest.raises(HarnessError, match="make train-eagle MODEL=no-such-model"):
-        import dataclasses
-
         Eagle2(Eagle2Config(), dataclasses.replace(lm, name="no-such-model"))
 
 
