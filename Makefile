@@ -94,15 +94,18 @@ bench: setup data  ## [~25 min] every method on a Spec-Bench slice (REPEATS=3: t
 # The trained-draft families side by side on the bench slice (interleaved, one process), with EAGLE-2's and Gumiho's
 # reduced draft vocabularies (method.draft_vocab); the report set goes to results/families/.
 FAMILY_VOCABS ?= 4096 8192 16384
-bench-families: setup data  ## [~30 min] eagle, eagle2, eagle3, gumiho, gumiho-serial and the draft-vocabulary sweep on the bench slice
-	$(PY) -m evaluation.run.interleave method=vanilla \
-		$$($(PY) -m evaluation.catalog bench-settings $(MODEL) | tr , '\n' | grep -E '^(eagle|eagle2|eagle3|gumiho|gumiho-serial)$$' \
-			| sed 's/^/method=/') \
+bench-families: setup data  ## [~45 min] eagle, eagle2, eagle3, gumiho (each also with the draft budget), gumiho-serial and the draft-vocabulary sweep on the bench slice
+	families=$$($(PY) -m evaluation.catalog bench-settings $(MODEL) | tr , '\n' \
+		| grep -E '^(eagle|eagle2|eagle3|gumiho|gumiho-serial)$$'); set --; \
+	for f in $$families; do set -- "$$@" "method=$$f"; \
+		[ $$f = gumiho-serial ] || set -- "$$@" "method=$$f run.draft_budget=auto"; done; \
+	$(PY) -m evaluation.run.interleave method=vanilla "$$@" \
 		$(foreach n,$(FAMILY_VOCABS),"method=eagle2 method.draft_vocab=$(n)") "method=gumiho method.draft_vocab=8192" \
 		-- model=$(MODEL) bench.questions_per_subtask=$(QUESTIONS) bench.max_new_tokens=$(MAX_NEW) \
 		bench.warmup=$(WARMUP) run.results_dir=results/runs/families run.report=false $(ARGS)
 	$(PY) -m evaluation.report --results results/runs/families --out results/families
 	$(PY) -m evaluation.tools.family_table --report results/families
+	$(PY) -m evaluation.report.figures --results results/runs/families --out results/families/figures --no-training-curves
 
 report: setup  ## [seconds] rebuild results/report.md and .csv from the saved runs
 	$(PY) -m evaluation.report

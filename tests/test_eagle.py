@@ -315,6 +315,14 @@ def test_the_committed_eagle_draft_is_lossless_and_accepts_drafts(lm, assert_los
     assert mean_accepted(assert_lossless(Eagle(EagleConfig(draft_vocab=8192), lm), names=("q241",))) > 1.1
 
 
+def test_the_committed_eagle3_draft_is_lossless_and_accepts_drafts(lm, assert_lossless):
+    """eagle/drafts/eagle3/<model>/: fused features and its own head over the 8,192 most frequent tokens, exact."""
+    assert Eagle3.ready_for(lm.name)
+    method = Eagle3(Eagle2Config(), lm)
+    assert tuple(method.hidden_state_layers) == (2, 15, 27) and method.vocab_ids.numel() == 8192
+    assert mean_accepted(assert_lossless(method, names=THREE)) > 1.2
+
+
 def test_the_family_table_reads_a_report(tmp_path):
     """`make bench-families`' table: one row per method setting, in table order, the draft split and equality."""
     from evaluation.tools.family_table import family_table

@@ -147,6 +147,24 @@ def test_published_table_drops_secondary_and_empty(runs, tmp_path):
     assert 9.99 not in pub.select_dtypes("number").to_numpy()
 
 
+def test_a_method_published_only_for_a_larger_model_brings_that_models_rows():
+    from evaluation.report.figures.tables import default_published_csv, load_published, published_table
+
+    path = default_published_csv()
+    if path is None:
+        pytest.skip("no shared/reference beside the checkout")
+    pub = published_table(load_published(path), ["eagle", "eagle2", "eagle3", "pld"])
+    seven = pub[pub.model == "Vicuna-7B-v1.3"]
+    assert {"EAGLE", "EAGLE2", "PLD", "Vanilla AR"} <= set(seven.published_method) and "EAGLE3" not in set(
+        seven.published_method)
+    thirteen = pub[pub.model == "Vicuna-13B-v1.3"].set_index("published_method")
+    # EAGLE-3 is on the leaderboard for Vicuna-13B only (A100), beside EAGLE and EAGLE-2 there
+    assert {"EAGLE3", "EAGLE", "EAGLE2"} <= set(thirteen.index) and set(thirteen.device) == {"A100"}
+    assert thirteen.loc["EAGLE3", "Overall Speedup"] > thirteen.loc["EAGLE2", "Overall Speedup"] > 1
+    assert list(pub.model.unique()) == ["Vicuna-7B-v1.3", "Vicuna-13B-v1.3"]  # 33B: nothing of ours only there
+    assert published_table(load_published(path), ["pld"]).model.unique().tolist() == ["Vicuna-7B-v1.3"]
+
+
 def test_acceptance_lengths_and_colours(runs):
     df = figures.with_settings(figures.report.load_runs(runs[0]))
     lengths = figures.accept_lengths(df)
@@ -196,15 +214,18 @@ def test_gumiho_table_puts_ours_beside_the_paper_and_the_training_curve_is_drawn
     ours = pd.DataFrame([{"subtask": "overall", "method": m, "method_label": m, "model": "toy", "temperature": t,
                           "setting_title": "toy, cpu", "speedup": s, "mat": a}
                          for m, t, s, a in (("gumiho", 0.0, 0.5, 1.8), ("eagle2", 0.0, 0.4, 1.7),
-                                            ("gumiho", 1.0, 0.45, 1.6), ("pld", 0.0, 1.1, 1.7))])
+                                            ("eagle", 0.0, 0.45, 1.4), ("gumiho", 1.0, 0.45, 1.6),
+                                            ("pld", 0.0, 1.1, 1.7))])
     published = default_published_csv()
     paper = Path(published).with_name("gumiho_paper.csv") if published else None
     table = gumiho_table(ours, paper)
     mine = table[table.source.str.startswith("ours")]
-    assert sorted(zip(mine.method, mine.temperature)) == [("eagle2", 0.0), ("gumiho", 0.0), ("gumiho", 1.0)]
+    assert sorted(zip(mine.method, mine.temperature)) == [("eagle", 0.0), ("eagle2", 0.0), ("gumiho", 0.0),
+                                                          ("gumiho", 1.0)]
     if paper is not None and paper.is_file():
         vicuna = table[(table.model == "Vicuna-7B") & (table.temperature == 0)].set_index("method")
         assert vicuna.loc["gumiho", "speedup"] == pytest.approx(2.97) and vicuna.loc["eagle2", "MAT"] > 4
+        assert vicuna.loc["eagle", "speedup"] == pytest.approx(2.52)
     curves = draft_curves(Path(figures.__file__).resolve().parents[2] / "gumiho" / "drafts")
     for model, path in curves.items():
         figure = plot_training_curve(pd.read_csv(path), model)

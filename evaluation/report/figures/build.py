@@ -94,16 +94,16 @@ def build_all(results_dir: str | Path | list[str | Path], out_dir: str | Path,
         _write_csv(pub, out / "published_specbench.csv")
         written.append(out / "published_specbench.csv")
         md += ["## Published Spec-Bench leaderboard (published, other hardware and model)", "",
-               f"{PUBLISHED_MODEL}, greedy, FP16, batch size 1, mean of 3 runs; Spec-Bench Leaderboard.md at "
+               f"{PUBLISHED_MODEL} (and a larger Vicuna where a method is published only for it), greedy, "
+               "FP16, batch size 1, mean of 3 runs; Spec-Bench Leaderboard.md at "
                f"fd2c1cd, current RTX 3090 and A100 tables (from `{Path(published_csv).name}`). "
                "Not comparable with ours: other hardware and model. Methods not on the leaderboard "
                "(LogitSpec) are absent; SAMD[EAGLE2] is SAM-Decoding with an EAGLE-2 fallback, where our `sam` "
                "falls back to Token Recycling.", ""]
-        for device in pub.device.unique() if not pub.empty else []:
-            rows = pub[pub.device == device]
+        for (model, device), rows in (pub.groupby(["model", "device"], sort=False) if not pub.empty else []):
             shown = rows.set_index("published_method")[TABLE1_COLUMNS].rename_axis("Method")
             shown = shown.apply(lambda col: col.map(lambda v: "–" if pd.isna(v) else f"{v:.2f}"))
-            md += [f"### {PUBLISHED_MODEL} on {device} (`{rows.source_table.iloc[0]}`), published", "",
+            md += [f"### {model} on {device} (`{rows.source_table.iloc[0]}`), published", "",
                    _markdown(shown), ""]
     else:
         md += ["(Published Spec-Bench table skipped: reference CSV not found.)", ""]
@@ -113,7 +113,7 @@ def build_all(results_dir: str | Path | list[str | Path], out_dir: str | Path,
     if not gumiho.empty and (gumiho.source.str.startswith("ours")).any():
         _write_csv(gumiho, out / "gumiho.csv")
         written.append(out / "gumiho.csv")
-        md += ["## Gumiho and EAGLE-2: ours beside the paper's", "",
+        md += ["## Gumiho, EAGLE and EAGLE-2: ours beside the paper's", "",
                "Overall speedup and MAT (τ). The paper's rows are its mean over six benchmarks on GPUs with its "
                "released drafts for 7B-70B targets (`gumiho_paper.csv`); ours are another model, draft and machine: "
                "they show the method runs and how it ranks here, not a reproduction of the paper's numbers.", "",
@@ -186,11 +186,14 @@ def main(argv: list[str] | None = None) -> None:
                         help="folder(s) holding the run folders; each folder's methods are compared with its vanilla")
     parser.add_argument("--out", default="results/figures", help="where the tables and figures go")
     parser.add_argument("--published", default=None, help="Spec-Bench leaderboard CSV (default: shared/reference)")
+    parser.add_argument("--training-curves", action=argparse.BooleanOptionalAction, default=True,
+                        help="draw the committed drafts' training curves (default: yes)")
     parser.add_argument("--motivation", nargs="*", default=None,
                         help="CSV(s) of evaluation.tools.motivation (default: results/motivation/*.csv)")
     args = parser.parse_args(argv)
     try:
-        written = build_all(args.results, args.out, args.published, args.motivation)
+        written = build_all(args.results, args.out, args.published, args.motivation,
+                            drafts_dir=DRAFTS_DIR if args.training_curves else None)
     except HarnessError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)

@@ -10,7 +10,7 @@ import pandas as pd
 from evaluation.report.figures.common import plt
 
 PAPER_TABLES = {"gumiho_main_temp0": 0.0, "gumiho_main_temp1": 1.0}
-PAPER_METHODS = {"Eagle-2": "eagle2", "Gumiho": "gumiho"}
+PAPER_METHODS = {"Eagle": "eagle", "Eagle-2": "eagle2", "Gumiho": "gumiho"}
 MEAN = "Mean (6 benchmarks)"
 
 
@@ -74,7 +74,8 @@ def plot_training_curve(curve: pd.DataFrame, title: str):
 
 
 def paper_rows(published_csv: str | Path) -> pd.DataFrame:
-    """The paper's mean over its six benchmarks for Gumiho and EAGLE-2: one row per model, temperature, method."""
+    """The paper's mean over its six benchmarks for Gumiho, EAGLE and EAGLE-2: one row per model, temperature,
+    method."""
     table = pd.read_csv(published_csv)
     table = table[table.table.isin(PAPER_TABLES) & table.method.isin(PAPER_METHODS) & (table.benchmark == MEAN)]
     rows = table.pivot_table(index=["model", "table", "method"], columns="metric", values="value").reset_index()
@@ -85,10 +86,11 @@ def paper_rows(published_csv: str | Path) -> pd.DataFrame:
 
 
 def our_rows(summary: pd.DataFrame) -> pd.DataFrame:
-    """Our overall Gumiho, Gumiho-FTA and EAGLE-2 rows (mean over repeats), per setting."""
+    """Our overall rows of the paper's methods (EAGLE, EAGLE-2, Gumiho and its variants; mean over repeats), per
+    setting."""
     if summary.empty:
         return pd.DataFrame()
-    mine = summary[(summary.subtask == "overall") & summary.method.isin(("gumiho", "eagle2"))]
+    mine = summary[(summary.subtask == "overall") & summary.method.isin(tuple(PAPER_METHODS.values()))]
     if mine.empty:
         return pd.DataFrame()
     grouped = mine.groupby(["setting_title", "method_label", "temperature"], sort=False)
@@ -99,7 +101,7 @@ def our_rows(summary: pd.DataFrame) -> pd.DataFrame:
 
 
 def gumiho_table(summary: pd.DataFrame, published_csv: str | Path | None) -> pd.DataFrame:
-    """Ours next to the paper's, Gumiho against EAGLE-2 at each temperature."""
+    """Ours next to the paper's, Gumiho against EAGLE and EAGLE-2 at each temperature."""
     parts = [our_rows(summary)]
     if published_csv is not None and Path(published_csv).is_file():
         parts.append(paper_rows(published_csv))

@@ -97,14 +97,19 @@ def published_table(published: pd.DataFrame, methods=None, model: str = PUBLISHE
 
     `methods`: our method names (default every registered method); vanilla's row is always included. A method's
     leaderboard names are its class's `published_names`; methods the leaderboard lacks (LogitSpec) are absent.
+    Rows are `model`'s; a method published only for another model (EAGLE-3: Vicuna-13B) brings that model's
+    rows too, every one of our methods among them, so it is read beside its neighbours there.
     """
     methods = available_methods() if methods is None else sorted({"vanilla", *methods}, key=method_sort_key)
     names = {published: m for m in methods for published in method_display(m).published_names}
-    ref = published[published["table"].isin(PUBLISHED_TABLES) & (published["model"] == model)
-                    & published["method"].isin(names)]
+    ref = published[published["table"].isin(PUBLISHED_TABLES) & published["method"].isin(names)]
+    at_model = set(ref[ref["model"] == model].method.map(names))
+    models = [model, *sorted({row.model for row in ref.itertuples()
+                              if row.model != model and names[row.method] not in at_model})]
+    ref = ref[ref["model"].isin(models)]
     rows = []
-    for (table_id, method), group in ref.groupby(["table", "method"], sort=True):
-        row = {"source_table": table_id, "device": PUBLISHED_TABLES[table_id], "model": model,
+    for (row_model, table_id, method), group in ref.groupby(["model", "table", "method"], sort=True):
+        row = {"source_table": table_id, "device": PUBLISHED_TABLES[table_id], "model": row_model,
                "published_method": method, "method": names[method]}
         for column in TABLE1_COLUMNS:
             if column == "Overall MAT":
@@ -120,5 +125,6 @@ def published_table(published: pd.DataFrame, methods=None, model: str = PUBLISHE
         return table
     table["_order"] = [method_sort_key(m) for m in table.method]
     table["_device"] = [list(PUBLISHED_TABLES).index(t) for t in table.source_table]
-    table = table.sort_values(["_device", "_order"], kind="stable")
-    return table.drop(columns=["_order", "_device"]).reset_index(drop=True)
+    table["_model"] = [models.index(m) for m in table.model]
+    table = table.sort_values(["_model", "_device", "_order"], kind="stable")
+    return table.drop(columns=["_order", "_device", "_model"]).reset_index(drop=True)
