@@ -21,7 +21,7 @@ from evaluation.engine.errors import HarnessError
 
 METHOD_CONF = Path(__file__).resolve().parent.parent / "conf" / "method"
 # Method families, in table order.
-FAMILIES = ("baseline", "retrieval", "training-free", "trained draft", "other")
+FAMILIES = ("baseline", "retrieval", "training-free", "draft model", "trained draft", "other")
 # Keys of a method's YAML that are not options of its class.
 NOT_OPTIONS = ("_target_", "name", "display", "defaults")
 
@@ -169,8 +169,8 @@ def config_method(config_name: str) -> MethodEntry:
 
 def bench_settings(model: str) -> list[str]:
     """The method configs a bench runs for `model` (file names of `conf/method`, variants included), vanilla first.
-    A trained-draft method joins once a draft for the model is committed (its class's `ready_for`; the only place
-    this imports method classes)."""
+    A method joins when its class's `ready_for` says it runs with its defaults (a trained draft: once one is
+    committed for the model; SpS: never without a draft model named); the only place this imports method classes."""
     names = sorted(path.stem for path in METHOD_CONF.glob("*.yaml"))
     name = model_name(model)
     kept = []
@@ -178,7 +178,7 @@ def bench_settings(model: str) -> list[str]:
         entry = config_method(config_name)
         if config_name == "vanilla":
             continue
-        if entry.display.family == "trained draft" and not import_class(entry.target, entry.name).ready_for(name):
+        if not import_class(entry.target, entry.name).ready_for(name):
             continue
         kept.append(config_name)
     return ["vanilla", *kept]

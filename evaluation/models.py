@@ -210,6 +210,15 @@ def _load(source: str, device: str, dtype: torch.dtype, attn_implementation: str
     return model, tokenizer
 
 
+def load_companion_model(source: str, lm: LoadedModel):
+    """Another causal LM used beside the target `lm` (a draft model): model and tokenizer, from a hub id or folder,
+    through the same cached load as targets, on the target's device and dtype and with its attention."""
+    path = Path(source).expanduser()
+    source = str(path) if path.is_dir() else source
+    attention = getattr(lm.model.config, "_attn_implementation", None) or "sdpa"
+    return _load(source, str(lm.device), lm.dtype, attention)
+
+
 def input_device(model) -> torch.device:
     """Where the ids, positions and mask go: the device of the input embeddings (the first of a split model)."""
     return model.get_input_embeddings().weight.device

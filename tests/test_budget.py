@@ -315,7 +315,8 @@ MODERATE = LatencyCurve([1, 2, 128], [1.0, 1.25, 33.0])
 # here for their updates, which must map the verified nodes back to the proposed ones (`proposed_index`).
 # Lookahead's window alone costs about five plain steps on this curve, so drafting may stop altogether (None);
 # its pruned trees with side nodes are checked in `test_every_method_is_lossless_when_drafting_is_skipped`.
-BUDGET_METHODS = {"pld": True, "lookahead": None, "rest": False, "logitspec": True, "recycling": False, "sam": False}
+BUDGET_METHODS = {"pld": True, "lookahead": None, "rest": False, "logitspec": True, "recycling": False, "sam": False,
+                  "sps-self": False}
 
 
 @pytest.mark.parametrize("name", BUDGET_METHODS)

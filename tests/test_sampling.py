@@ -61,6 +61,19 @@ def test_the_check_rejects_a_biased_rule(tiny):
     assert result.p_value < 1e-6, result
 
 
+def test_sampled_drafts_accept_more_with_their_q_and_upstreams_rule_is_caught(tiny):
+    """SpS's drafts sampled from the draft's q and verified with q (the default, checked above with every method)
+    accept more than the same draft's argmax verified as deterministic (q = 1), which is exact too. Upstream's
+    rule, argmax drafts verified with q as if sampled from it, over-accepts them: the check rejects it."""
+    lm, prompt, exact = tiny
+    params = SamplingParams(temperature=1.0)
+    sampled = exactness.check_method("sps", lm, prompt, params, SAMPLES, exact=exact)
+    argmax = exactness.check_method("sps,sampled_drafts=False", lm, prompt, params, SAMPLES, exact=exact)
+    assert argmax.p_value > exactness.ALARM and sampled.mat > argmax.mat + 0.3, (sampled, argmax)
+    upstream = exactness.check_method("sps,greedy_drafts_with_q=True", lm, prompt, params, SAMPLES, exact=exact)
+    assert upstream.p_value < 1e-10 and upstream.mat > 1.05, upstream
+
+
 def test_processed_distribution_matches_transformers_logits_processors():
     from transformers.generation.logits_process import (
         LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
@@ -91,10 +104,14 @@ def build(lm, config_name: str):
     committed for the embedded model (the rule, not the draft, is under test)."""
     from evaluation.run.validation import method_spec
 
-    spec = method_spec(compose_config(f"method={config_name}").method)
+    from tests.test_runner import REQUIRED_OVERRIDES
+
+    spec = method_spec(compose_config(f"method={config_name}", *REQUIRED_OVERRIDES.get(config_name, [])).method)
     cls, options = spec.cls, spec.options
     if hasattr(options, "draft") and options.draft is None and not cls.ready_for(lm.name):
         options = dataclasses.replace(options, draft="random")
+    if hasattr(options, "heads") and options.heads is None and not cls.ready_for(lm.name):
+        options = dataclasses.replace(options, heads="random")
     return cls(options, lm)
 
 

@@ -135,7 +135,7 @@ def decode_turn(lm, method: Method, prompt_ids: list[int], max_new_tokens: int,
         method.learn_from_prompt(list(prefilled), logits)
     clock.lap("update")
 
-    state = DecodeState(list(prompt_ids) + first, prompt_length, last_logits, budget)
+    state = DecodeState(list(prompt_ids) + first, prompt_length, last_logits, budget, sampler)
     answer_length = len(first)
     accept_lengths = [len(first)]  # the prefill step: one token, or none when it stopped short
     proposed_nodes: list[int] = []
@@ -171,7 +171,7 @@ def decode_turn(lm, method: Method, prompt_ids: list[int], max_new_tokens: int,
         # 4. verification, then the stop rules on the committed chunk
         tree_logits = logits[: inputs.num_tree_nodes]
         if sampler is not None:  # explicit rows (FTA) are a greedy device: sampling follows the tree's parents
-            verdict = verify_sampled(inputs, tree_logits, sampler)
+            verdict = verify_sampled(inputs, tree_logits, sampler, tree.draft_probs)
         elif tree.rows is None:
             verdict = verify_greedy(inputs, tree_logits)
         else:

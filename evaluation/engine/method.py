@@ -15,6 +15,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
+from evaluation.engine.sampling import Sampler
 from evaluation.engine.tree import DraftTree, Verdict
 
 
@@ -28,6 +29,9 @@ class DecodeState:
     # at the first step the logits after tokens[-2] (tokens[-1] is then the prompt's own last token)
     last_logits: torch.Tensor
     max_new_tokens: int
+    # The run's sampler at temperature > 0 (None when greedy): its processed distribution and its seeded generator,
+    # for a method that draws its drafts at random (then handing their distribution in `DraftTree.draft_probs`)
+    sampler: Sampler | None = None
 
     @property
     def generated(self) -> int:

@@ -9,7 +9,13 @@ from exactly the target's distribution given the tokens before it, whatever the 
 output with probability p(t), any other token t' with probability (1 - sum of the children's p) * p(t') / (1 - sum
 of the children's p) = p(t'). Methods do not change: they propose trees, the rule decides.
 
-Every draw comes from one seeded CPU generator, so a seed reproduces the tokens on the same machine.
+A draft drawn at random from a known distribution q (a draft model sampling, SpS) hands q with its tree
+(`DraftTree.draft_probs`); the same rule then accepts its token t with probability min(1, p(t)/q(t)) and, on a
+rejection, continues from the residual max(p - q, 0), renormalised: standard speculative sampling, and SpecInfer's
+rule for several sampled children. A deterministic draft is the case q = 1 on its token, which is the rule above.
+
+Every draw comes from one seeded CPU generator, so a seed reproduces the tokens on the same machine. A method that
+samples its drafts draws from the same generator (`DecodeState.sampler`).
 """
 
 from __future__ import annotations
@@ -83,9 +89,11 @@ def children_of(parents: np.ndarray) -> list[list[int]]:
     return children
 
 
-def verify_sampled(inputs: TreeInputs, tree_logits: torch.Tensor, sampler: Sampler) -> Verdict:
+def verify_sampled(inputs: TreeInputs, tree_logits: torch.Tensor, sampler: Sampler,
+                   draft_probs: torch.Tensor | None = None) -> Verdict:
     """Recursive rejection down the tree from node 0 (see the module docstring); the committed tokens are the
-    accepted children's, then the bonus drawn at the last accepted node."""
+    accepted children's, then the bonus drawn at the last accepted node. `draft_probs` [draft nodes, vocab]: the
+    distribution each draft token was drawn from, None for deterministic drafts."""
     children = children_of(inputs.parents)
     tokens = inputs.tokens
     path = [0]
@@ -96,6 +104,16 @@ def verify_sampled(inputs: TreeInputs, tree_logits: torch.Tensor, sampler: Sampl
         for child in children[node]:
             token = int(tokens[child])
             p = float(probs[token])
+            if draft_probs is not None:
+                q = draft_probs[child - 1].detach().to("cpu", torch.float64)
+                if p > 0 and sampler.uniform() * float(q[token]) < p:  # probability min(1, p(t) / q(t))
+                    accepted = child
+                    break
+                residual = (probs - q).clamp_min_(0)
+                mass = float(residual.sum())
+                if mass > 0:  # 0 only when p = q, where a rejection cannot happen (rounding aside)
+                    probs = residual / mass
+                continue
             if p > 0 and sampler.uniform() < p:  # uniform() < 1, so p = 1 always accepts
                 accepted = child
                 break
@@ -109,7 +127,8 @@ def verify_sampled(inputs: TreeInputs, tree_logits: torch.Tensor, sampler: Sampl
     return Verdict(path=path, accepted_tokens=[int(tokens[i]) for i in path[1:]], bonus=bonus, predictions=[])
 
 
-def verify_token_match(inputs: TreeInputs, tree_logits: torch.Tensor, sampler: Sampler) -> Verdict:
+def verify_token_match(inputs: TreeInputs, tree_logits: torch.Tensor, sampler: Sampler,
+                       draft_probs: torch.Tensor | None = None) -> Verdict:
     """A BIASED rule kept for the tests (REST's sampling: docs/methods/rest.md, Sampling): each root-to-leaf row draws its own
     sample at every node and accepts a draft while it equals that row's sample; the first longest row wins. The
     independent draws per row at shared nodes favour deep matches, so the output is not the target's

@@ -46,6 +46,11 @@ class DraftTree:
     # Verification rows of node indices, node 0 first, that need not be parent chains (Gumiho's Full Tree
     # Attention pads short paths with nodes of other branches). None: every root-to-leaf path, as usual.
     rows: list[list[int]] | None = None
+    # Optional [len(tokens), vocab] distribution each draft token was drawn from (a draft model sampling at
+    # temperature > 0, SpS): the sampled rule then accepts token t with min(1, p(t) / q(t)) and leaves the residual
+    # max(p - q, 0) on a rejection. None: the tokens are deterministic (q = 1 on each), the rule for every other
+    # method. Unused by greedy verification.
+    draft_probs: torch.Tensor | None = None
 
     @classmethod
     def chain(cls, tokens: list[int]) -> "DraftTree":

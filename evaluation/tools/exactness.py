@@ -109,13 +109,30 @@ def rest_on_tokens(lm, corpus: list[list[int]], config):
 
 # Options a method needs on a model without a committed draft or a tokenizer.
 TINY_OPTIONS = {"gumiho": {"draft": "random"}, "eagle": {"draft": "random"}, "eagle2": {"draft": "random"},
-                "eagle3": {"draft": "random"}, "gumiho-serial": {"draft": "random"},
+                "eagle3": {"draft": "random"}, "gumiho-serial": {"draft": "random"}, "medusa": {"heads": "random"},
+                "hydra": {"heads": "random"},
                 "lookahead": {"seed_pool_from_prompt": True},  # three tokens are too few to fill its window
-                "rest": {"no_match_token": 1}}
+                "rest": {"no_match_token": 1},
+                "sps": {"draft_model": "self"}}  # the tiny target's first layer drafts
+
+
+def _sps(lm, **options):
+    cls = method_class("sps")
+    return cls(cls.Config(**{**TINY_OPTIONS["sps"], **options}), lm)
+
+
+# Checked besides the methods' defaults: label -> builder on the tiny target.
+VARIANTS = {
+    "sps,sampled_drafts=False": lambda lm: _sps(lm, sampled_drafts=False),  # argmax drafts, q = 1: exact too
+    # upstream's quirk: argmax drafts verified with the draft's q as if sampled from it (biased: must be rejected)
+    "sps,greedy_drafts_with_q=True": lambda lm: _sps(lm, greedy_drafts_with_q=True),
+}
 
 
 def build_method(name: str, lm, prompt: list[int]):
-    """Method `name` with its default options, on the tiny target."""
+    """Method `name` with its default options (or a `VARIANTS` label), on the tiny target."""
+    if name in VARIANTS:
+        return VARIANTS[name](lm)
     if name == "vanilla":
         return method_class(name)(None, lm)
     cls = method_class(name)
@@ -217,6 +234,7 @@ def main(argv: list[str] | None = None) -> None:
     results = []
     settings = [(SamplingParams(temperature=1.0), "exact", available_methods()),
                 (SamplingParams(temperature=0.7, top_p=0.9, top_k=8), "exact", ["recycling", "gumiho"]),
+                (SamplingParams(temperature=1.0), "exact", list(VARIANTS)),
                 (SamplingParams(temperature=1.0), "token_match", ["recycling"])]
     for params, rule, names in settings:
         exact = exact_distribution(lm, prompt, params)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from evaluation.engine.tree import DraftTree, SideNodes
 
@@ -58,4 +59,8 @@ def prune(tree: DraftTree, kept: np.ndarray) -> DraftTree:
 
         sees = [[r for r in map(renumber, seen) if r is not None] for seen in tree.side.sees]
         side = SideNodes(list(tree.side.tokens), list(tree.side.offsets), sees)
-    return DraftTree(tokens=tokens, parents=parents, side=side, scores=scores, sources=sources)
+    draft_probs = None
+    if tree.draft_probs is not None:
+        draft_probs = tree.draft_probs[torch.as_tensor(kept - 1, device=tree.draft_probs.device)]
+    return DraftTree(tokens=tokens, parents=parents, side=side, scores=scores, sources=sources,
+                     draft_probs=draft_probs)
