@@ -29,7 +29,7 @@ TEMPERATURE ?= 0
 METHODS   ?=
 
 .PHONY: help setup setup-gpu check-environment setup-cluster data datastore test bench report figures ablations exactness upstream-parity \
-	bench-engine gpu-check offline-bundle offline-check half-precision results-page clean bench-families
+	bench-engine gpu-check offline-bundle offline-check half-precision results-page clean bench-families train-medusa
 
 help:  ## [instant] list the targets, with their duration on 2 CPU cores
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -187,6 +187,13 @@ train-eagle: setup data  ## [train.max_minutes: 120 for smollm2-135m] train an E
 		$(TRAIN_ARGS)
 
 # EAGLE-3's draft for MODEL: the training-time test over the recipe's draft vocabulary (train.draft_vocab).
+# Medusa-1 heads (medusa/heads.py) for MODEL: upstream's loss (cross-entropy of head k against the token k + 2
+# ahead) and learning rate, the recipe's data; medusa uses them.
+.PHONY: train-medusa
+train-medusa: setup data  ## [train.max_minutes: 60 for smollm2-135m] train Medusa heads for MODEL (resumable)
+	$(PY) -m evaluation.tools.train_gumiho model=$(MODEL) train=$(TRAIN_RECIPE) train.family=medusa train.mlp_num=0 \
+		train.lr=1e-3 $(TRAIN_ARGS)
+
 .PHONY: train-eagle3
 train-eagle3: setup data  ## [train.max_minutes: 120 for smollm2-135m] train an EAGLE-3 draft for MODEL (resumable)
 	$(PY) -m evaluation.tools.train_gumiho model=$(MODEL) train=$(TRAIN_RECIPE) train.family=eagle3 train.mlp_num=0 \

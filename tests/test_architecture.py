@@ -1,7 +1,7 @@
 """The house's rules, read from the sources: no import circle, and no import that runs back up the layers.
 
 Layers, bottom up: the engine (a library: torch, transformers and itself), the shared modules (the method catalog,
-models, questions, templates, files, provenance, versions), the methods (`baselines`, `logitspec`, `gumiho`, `eagle`), the
+models, questions, templates, files, provenance, versions), the methods (`baselines`, `logitspec`, `gumiho`, `eagle`, `medusa`), the
 report and figures, the run path (`evaluation.run`), the standalone commands (`evaluation.tools`). A module may
 import its own layer and those below. Every import counts, at the top of a file or inside a function.
 """
@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("evaluation", "baselines", "logitspec", "gumiho", "eagle")
+PACKAGES = ("evaluation", "baselines", "logitspec", "gumiho", "eagle", "medusa")
 LAYERS = ("engine", "shared", "methods", "report", "run", "tools")
 
 
 def layer(module: str) -> str:
     parts = module.split(".")
-    if parts[0] in ("baselines", "logitspec", "gumiho", "eagle"):
+    if parts[0] in ("baselines", "logitspec", "gumiho", "eagle", "medusa"):
         return "methods"
     if len(parts) > 1 and parts[1] in ("engine", "report", "run", "tools"):
         return parts[1]
@@ -148,7 +148,7 @@ def test_the_engine_imports_only_itself_torch_and_transformers():
 def test_the_report_imports_neither_torch_nor_a_method(command):
     code = (f"import sys; {command}; "
             "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'baselines', "
-            "'logitspec', 'gumiho', 'eagle')); print(','.join(bad))")
+            "'logitspec', 'gumiho', 'eagle', 'medusa')); print(','.join(bad))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
 

@@ -57,7 +57,11 @@ EAGLE3 = {"family": "eagle3", "mlp_num": 0, "draft_vocab": 1024, "vocab_records"
           "soft_ce": "candidates"}
 
 
-@pytest.mark.parametrize("family", [{"family": "eagle", "mlp_num": 0}, EAGLE3], ids=["eagle", "eagle3"])
+MEDUSA = {"family": "medusa", "mlp_num": 0, "medusa_heads": 3, "draft_vocab": 1024, "vocab_records": 30}
+
+
+@pytest.mark.parametrize("family", [{"family": "eagle", "mlp_num": 0}, EAGLE3, MEDUSA],
+                         ids=["eagle", "eagle3", "medusa"])
 def test_a_few_steps_lower_each_familys_loss(lm, tmp_path, family):
     trainer = Trainer(lm, options(tmp_path, **family), "tiny")
     sample = next(s for s in iter_samples(lm.tokenizer, lm.chat_template, 96) if sum(s.loss_mask) >= 16)
@@ -65,9 +69,11 @@ def test_a_few_steps_lower_each_familys_loss(lm, tmp_path, family):
     assert losses[-1] < 0.8 * losses[0], losses
     if family["family"] == "eagle3":  # the draft proposes from the 1024 most frequent assistant tokens
         assert trainer.draft.vocab_ids.numel() == 1024 and int(trainer.draft.t2d.sum()) == 1024
+    if family["family"] == "medusa":  # three heads over the same 1024 tokens, starting as the target's head rows
+        assert trainer.draft.num_heads == 3 and trainer.draft.vocab == 1024
 
 
-@pytest.mark.parametrize("family", [{}, EAGLE3], ids=["gumiho", "eagle3"])
+@pytest.mark.parametrize("family", [{}, EAGLE3, MEDUSA], ids=["gumiho", "eagle3", "medusa"])
 def test_a_stopped_run_resumes_to_the_uninterrupted_state(lm, tmp_path, family):
     whole = Trainer(lm, options(tmp_path / "a", max_steps=4, **family), "tiny")
     whole.run()
@@ -82,6 +88,11 @@ def test_a_stopped_run_resumes_to_the_uninterrupted_state(lm, tmp_path, family):
     assert (tmp_path / "b" / "draft" / "curve.csv").read_text().startswith("tokens,steps,wall_hours,acc1")
     assert torch.equal(resumed.token_counts, whole.token_counts) and int(whole.token_counts.sum()) > 0
     assert (tmp_path / "b" / "draft" / "token_counts.csv").read_text().startswith("token_id,count\n")
+    if family.get("family") == "medusa":  # the method reads what training wrote
+        from medusa.heads import load_heads
+
+        heads = load_heads(str(tmp_path / "b" / "draft"), lm.model)
+        assert heads.num_heads == 3 and torch.equal(heads.vocab_ids, resumed.draft.vocab_ids)
 
 
 def test_per_depth_evaluation_runs(lm):

@@ -1,0 +1,181 @@
+"""Hydra's heads (Hydra++, `zankner/Hydra` `hydra_heads/prefix_mlp_head.py`) and their checkpoints
+(docs/methods/hydra.md, Heads and Checkpoints).
+
+  - A prefix layer (Hydra++): one Llama decoder layer and a final norm run over the target's last hidden states of
+    the committed positions, with its own KV cache: P_t = norm(layer(h_t)).
+  - Head i (0-based, depth i + 1) reads [P_t ; emb(y_1) ; ... ; emb(y_{i+1})], the prefix state and the embeddings
+    of the tokens drafted so far on its path (y_1 = the pending token), so the heads are sequentially dependent:
+    a conditioned residual block (i + 2)H -> H, v = W_res x + b_res + SiLU(W x + b), then one residual block
+    v + SiLU(W v + b) applied `num_layers - 1` times (upstream repeats one module: shared weights), then a
+    projection with a bias onto the vocabulary.
+  - Plain Hydra (`hydra_head_arch: mlp`) has no prefix layer: the heads read h_t itself.
+
+Released checkpoints (`ankner/hydra-vicuna-7b-v1.3`, ...): `config.json` (`hydra_head_arch`, `grounded_heads`,
+`hydra_num_heads`, `hydra_num_layers`) and `hydra_lm_head.pt` with keys `prefix_embeding_layer.layers.0.*`,
+`prefix_embeding_layer.norm.weight` (and an unused `prefix_embeding_layer.embed_tokens.weight`),
+`input_embed_fn.weight` (a copy of the target's embedding, not used: the target's own is), `hydra_mlp.{i}.1.*`
+(the conditioned block), `hydra_mlp.{i}.3.linear.*` (the shared block, also stored under `.5.` and `.7.`),
+`hydra_lm_head.{i}.1.weight|bias`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
+
+from evaluation.engine.errors import HarnessError
+from evaluation.engine.kv_cache import cache_argument
+from medusa.heads import resolve_heads
+
+WEIGHTS = ("hydra_lm_head.safetensors", "hydra_lm_head.pt")
+ARCHITECTURES = ("prefix-mlp", "mlp")
+
+
+class ConditionedBlock(nn.Module):
+    """W_res x + b_res + SiLU(W x + b): a residual block whose input is wider than its output."""
+
+    def __init__(self, hidden: int, inputs: int):
+        super().__init__()
+        self.linear = nn.Linear(inputs * hidden, hidden)
+        self.res_connection = nn.Linear(inputs * hidden, hidden)
+        nn.init.zeros_(self.linear.weight)
+
+    def forward(self, x):
+        return self.res_connection(x) + torch.nn.functional.silu(self.linear(x))
+
+
+class SharedBlock(nn.Module):
+    """v + SiLU(W v + b), applied `repeats` times with the same weights (upstream's `[block] * n`)."""
+
+    def __init__(self, hidden: int, repeats: int):
+        super().__init__()
+        self.linear = nn.Linear(hidden, hidden)
+        nn.init.zeros_(self.linear.weight)
+        self.repeats = repeats
+
+    def forward(self, v):
+        for _ in range(self.repeats):
+            v = v + torch.nn.functional.silu(self.linear(v))
+        return v
+
+
+class HydraHead(nn.Module):
+    def __init__(self, hidden: int, vocab: int, depth_index: int, num_layers: int):
+        super().__init__()
+        self.conditioned = ConditionedBlock(hidden, depth_index + 2)
+        self.shared = SharedBlock(hidden, num_layers - 1) if num_layers > 1 else None
+        self.lm_head = nn.Linear(hidden, vocab)
+
+    def forward(self, x):
+        v = self.conditioned(x)
+        if self.shared is not None:
+            v = self.shared(v)
+        return self.lm_head(v)
+
+
+class HydraHeads(nn.Module):
+    """The prefix layer (Hydra++) and the heads; the token embedding is the target's (`embed`)."""
+
+    def __init__(self, target_config, num_heads: int, num_layers: int, prefix: bool = True):
+        super().__init__()
+        hidden, vocab = target_config.hidden_size, target_config.vocab_size
+        self.num_heads, self.num_layers = num_heads, num_layers
+        self.prefix = prefix
+        if prefix:
+            self.prefix_layer = LlamaDecoderLayer(target_config, layer_idx=0)
+            self.prefix_norm = LlamaRMSNorm(hidden, eps=target_config.rms_norm_eps)
+            self.rotary = LlamaRotaryEmbedding(target_config)
+        self.heads = nn.ModuleList(HydraHead(hidden, vocab, i, num_layers) for i in range(num_heads))
+
+    @classmethod
+    def for_target(cls, target, num_heads: int = 4, num_layers: int = 4, prefix: bool = True) -> "HydraHeads":
+        """New heads whose projections start as the target's head (upstream's start; the bias at 0)."""
+        heads = cls(target.config, num_heads, num_layers, prefix)
+        with torch.no_grad():
+            for head in heads.heads:
+                head.lm_head.weight.copy_(target.lm_head.weight)
+                head.lm_head.bias.zero_()
+        return heads
+
+    def prefix_states(self, hidden: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache) -> torch.Tensor:
+        """P for target states `hidden` [1, n, H] at `positions` [1, n]; writes the prefix layer's cache."""
+        if not self.prefix:
+            return hidden
+        embeddings = self.rotary(hidden, positions)
+        out = self.prefix_layer(hidden, attention_mask=mask, position_ids=positions, position_embeddings=embeddings,
+                                **cache_argument(self.prefix_layer, cache), use_cache=True)
+        return self.prefix_norm(out)
+
+
+def _upstream_key(key: str) -> str:
+    """Our key -> upstream's (`hydra_lm_head.pt`)."""
+    if key.startswith("prefix_layer."):
+        return "prefix_embeding_layer.layers.0." + key[len("prefix_layer."):]
+    if key.startswith("prefix_norm."):
+        return "prefix_embeding_layer.norm." + key[len("prefix_norm."):]
+    index, part, rest = key.split(".", 3)[1:]
+    if part == "conditioned":
+        return f"hydra_mlp.{index}.1.{rest}"
+    if part == "shared":
+        return f"hydra_mlp.{index}.3.{rest}"
+    return f"hydra_lm_head.{index}.1.{rest}"  # lm_head
+
+
+def upstream_state(heads: HydraHeads) -> dict[str, torch.Tensor]:
+    """The heads' weights under upstream's keys (the shared block once, under `.3.`)."""
+    return {_upstream_key(k): v for k, v in heads.state_dict().items() if not k.startswith("rotary.")}
+
+
+def load_hydra_heads(source: str, target, num_heads: int | None = None) -> HydraHeads:
+    """Hydra heads from a folder or hub id in upstream's layout, checked against `target`; one line when they do
+    not fit."""
+    folder = resolve_heads(source, WEIGHTS)
+    config_path = folder / "config.json"
+    config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    arch = config.get("hydra_head_arch", "prefix-mlp")
+    if arch not in ARCHITECTURES or not config.get("grounded_heads", True):
+        raise HarnessError(f"Hydra heads {source!r}: head architecture {arch!r} "
+                           f"(grounded_heads={config.get('grounded_heads')}) is not supported; supported: grounded "
+                           f"{' or '.join(ARCHITECTURES)}")
+    files = [folder / name for name in WEIGHTS if (folder / name).is_file()]
+    if not files:
+        raise HarnessError(f"Hydra heads {source!r}: no {' or '.join(WEIGHTS)} in {folder}")
+    if files[0].suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        state = load_file(str(files[0]))
+    else:
+        state = torch.load(files[0], map_location="cpu", weights_only=True)
+    stored = int(config.get("hydra_num_heads", 0)) or len({k.split(".")[1] for k in state
+                                                           if k.startswith("hydra_lm_head.")})
+    count = stored if num_heads is None else num_heads
+    if count > stored:
+        raise HarnessError(f"Hydra heads {source!r}: {count} heads asked for, {stored} stored")
+    heads = HydraHeads(target.config, count, int(config.get("hydra_num_layers", 4)), prefix=arch == "prefix-mlp")
+    wanted = upstream_state(heads)
+    for key, value in wanted.items():
+        if key not in state:
+            raise HarnessError(f"Hydra heads {source!r}: key {key} missing from {files[0].name}")
+        if tuple(state[key].shape) != tuple(value.shape):
+            raise HarnessError(f"Hydra heads {source!r}: {key} is {tuple(state[key].shape)}, the target "
+                               f"(hidden {target.config.hidden_size}, vocabulary {target.config.vocab_size}) needs "
+                               f"{tuple(value.shape)}")
+    ours = {k: state[_upstream_key(k)].float() for k in heads.state_dict() if not k.startswith("rotary.")}
+    heads.load_state_dict(ours)
+    return heads
+
+
+def save_upstream(heads: HydraHeads, folder: str | Path, base_model: str = "") -> None:
+    """Write heads as upstream's release does (`config.json`, `hydra_lm_head.pt`), for tests and for users who
+    take heads trained here to upstream's code."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.save(upstream_state(heads), folder / "hydra_lm_head.pt")
+    config = {"hydra_head_arch": "prefix-mlp" if heads.prefix else "mlp", "grounded_heads": True,
+              "hidden_state_offset": 0, "hydra_num_heads": heads.num_heads, "hydra_num_layers": heads.num_layers,
+              "base_model_name_or_path": base_model}
+    (folder / "config.json").write_text(json.dumps(config, indent=1) + "\n")

@@ -1,0 +1,123 @@
+"""Medusa-1 on the engine (docs/methods/medusa.md): a static tree filled from the heads' top predictions.
+
+After each step the heads run once on the target's last hidden state at the last accepted node (the state that gave
+the pending token). Node (c1, ..., cd) of the tree is the c_d-th best token of head d - 1 there: upstream's tree,
+where a node's token depends only on its depth and rank. The engine verifies the tree, so greedy output is the
+target's whatever the heads propose.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from evaluation.engine.errors import HarnessError, require
+from evaluation.engine.method import DecodeState, Method, StepOutcome
+from evaluation.engine.options import require_choice, require_int_range
+from evaluation.engine.tree import DraftTree
+from eagle.tree import StaticTree
+from medusa.heads import MedusaHeads, load_heads
+from medusa.tree import STATIC_TREES
+
+DRAFTS_DIR = Path(__file__).resolve().parent / "drafts" / "medusa"  # medusa/drafts/medusa/<model>/
+
+
+class Medusa(Method):
+    """Medusa-1: K heads, one static tree, no draft KV cache."""
+
+    needs_hidden_states = True
+    hidden_state_layers = (-1,)  # the last layer after the final norm, what the heads were trained on
+    drafts_dir = DRAFTS_DIR
+    train_command = "make train-medusa"
+
+    @dataclass
+    class Config:
+        heads: Optional[str] = None  # null: medusa/drafts/medusa/<model>/; random; a folder; a hub id
+        num_heads: int = 4  # heads used (Spec-Bench: 4 of the 5 the Vicuna checkpoints hold)
+        tree: str = "mc_sim_7b_63"
+        draft_vocab: Optional[int] = None  # random heads only: project onto N seeded random target ids
+        seed: int = 0  # initialisation seed of heads=random
+
+        def check(self) -> None:
+            require_int_range("num_heads", self.num_heads, 1, 16)
+            require_choice("tree", self.tree, sorted(STATIC_TREES))
+            if self.draft_vocab is not None:
+                require_int_range("draft_vocab", self.draft_vocab, 16)
+                require(self.heads == "random", "draft_vocab", self.draft_vocab,
+                        "null unless heads=random (trained heads keep the vocabulary they were trained on)")
+
+    @classmethod
+    def committed_dir(cls, model_name: str) -> Path:
+        return cls.drafts_dir / model_name
+
+    @classmethod
+    def ready_for(cls, model_name: str) -> bool:
+        return (cls.committed_dir(model_name) / "config.json").is_file()
+
+    @classmethod
+    def input_files(cls, config, model_name: str) -> dict[str, Path]:
+        if config.heads is None:
+            return {"heads": cls.committed_dir(model_name)}
+        path = Path(str(config.heads)).expanduser()
+        return {"heads": path} if path.is_dir() else {}
+
+    def __init__(self, config, model):
+        config.check()
+        super().__init__(config, model)
+        self.tree = StaticTree.from_paths(STATIC_TREES[config.tree])
+        depth = max(len(p) for p in self.tree.paths)
+        if depth > config.num_heads:
+            raise HarnessError(f"tree {config.tree} is {depth} deep; it needs as many heads, num_heads is "
+                               f"{config.num_heads}")
+        self.heads = self._build_heads(config, model).to(device=model.device, dtype=model.dtype).eval()
+        if self.heads.vocab < self.tree.top_k:
+            raise HarnessError(f"tree {config.tree} ranks {self.tree.top_k} tokens per head; the heads have "
+                               f"{self.heads.vocab}")
+        self.depth = depth
+        self.hidden: torch.Tensor | None = None  # [H] the state the next draft reads
+
+    def _build_heads(self, config, lm) -> MedusaHeads:
+        if config.heads == "random":
+            vocab_ids = None
+            if config.draft_vocab is not None:
+                vocab = lm.model.config.vocab_size
+                require(config.draft_vocab <= vocab, "draft_vocab", config.draft_vocab,
+                        f"at most the vocabulary size {vocab}")
+                generator = torch.Generator().manual_seed(config.seed)
+                vocab_ids = torch.sort(torch.randperm(vocab, generator=generator)[: config.draft_vocab]).values
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(config.seed)
+                heads = MedusaHeads.for_target(lm.model, config.num_heads, vocab_ids=vocab_ids)
+                for head in heads:  # random blocks: heads that differ from the target's own head
+                    torch.nn.init.normal_(head[0].linear.weight, std=0.02)
+            return heads
+        source = config.heads
+        if source is None:
+            folder = self.committed_dir(lm.name)
+            if not (folder / "config.json").is_file():
+                raise HarnessError(f"no committed Medusa heads for model {lm.name!r} ({folder} is missing): train "
+                                   f"them with `{self.train_command} MODEL={lm.name}`, or set method.heads=random or "
+                                   f"a checkpoint")
+            source = str(folder)
+        return load_heads(source, lm.model, config.num_heads)
+
+    @property
+    def max_nodes(self) -> int:
+        return len(self.tree.paths)
+
+    def reset(self, prompt_ids, hidden_states=None) -> None:
+        self.hidden = hidden_states[-1]
+
+    @torch.inference_mode()
+    def draft(self, state: DecodeState) -> DraftTree:
+        logits = self.heads(self.hidden, self.depth)  # [depth, vocab]
+        ranked = self.heads.target_ids(logits.topk(self.tree.top_k, dim=-1).indices).tolist()
+        tokens = [ranked[len(path) - 1][path[-1]] for path in self.tree.paths]
+        return DraftTree(tokens, [p + 1 for p in self.tree.parents])
+
+    def update(self, state: DecodeState, outcome: StepOutcome) -> None:
+        # The last accepted node's state gave the new pending token: the heads read it next step.
+        self.hidden = outcome.hidden_states[outcome.verdict.path[-1]]
