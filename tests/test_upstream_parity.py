@@ -3,8 +3,18 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
-from evaluation.tools.upstream_parity import TREES, compare, first_difference, run_ours, side_model
+import pytest
+import torch
+
+from evaluation.tools.upstream_parity import (JOBS, TREES, UPSTREAM_EAGLE_KEYS, compare, first_difference, run_ours,
+                                              side_model, write_upstream_eagle_draft)
+
+# Spec-Bench's model/eagle/choices.py at fd2c1cd, as written there: the only tree its EAGLE-1 draft grows.
+UPSTREAM_MC_SIM_7B_63 = [[0], [1], [2], [3], [0, 0], [0, 1], [0, 2], [1, 0], [1, 1], [2, 0], [2, 1], [3, 0],
+                         [0, 0, 0], [0, 0, 1], [0, 0, 2], [0, 1, 0], [0, 1, 1], [0, 2, 0], [0, 2, 1], [1, 0, 0],
+                         [0, 0, 0, 0], [0, 0, 0, 1], [0, 0, 0, 2], [0, 0, 0, 0, 0], [0, 0, 0, 0, 1]]
 
 
 def test_accept_lengths_line_up_as_both_loops_count_them():
@@ -51,3 +61,47 @@ def test_our_side_records_what_upstream_records(lm, lossless_prompts):
     # Lookahead's first window goes with upstream's prefill: the first recorded forward is window step 2, the
     # pending token then 8 + 9 window tokens in level order (no guesses yet).
     assert [len(fed) for fed in ours[0]["fed"]] == [1 + 8 + 9, 1 + 7 + 8 + 8]
+
+
+def test_eagle_jobs_hand_upstream_our_draft_as_its_eamodel_loads_it(lm, tmp_path):
+    """The draft folder upstream's EAGLE-1 and EAGLE-2 read: `Model`'s keys and shapes (its embedding aside: the
+    driver adds the target's), our committed weights, the target's config with one layer, and our tree settings."""
+    from safetensors.torch import load_file
+
+    from eagle.method import Eagle
+    from gumiho.checkpoint import read_weights
+
+    target = lm.model.config
+    hidden, head_dim = target.hidden_size, target.hidden_size // target.num_attention_heads  # as upstream computes it
+    kv, inner = target.num_key_value_heads * head_dim, target.intermediate_size
+    shapes = {"fc.weight": (hidden, 2 * hidden), "fc.bias": (hidden,),
+              "layers.0.self_attn.q_proj.weight": (hidden, hidden), "layers.0.self_attn.k_proj.weight": (kv, hidden),
+              "layers.0.self_attn.v_proj.weight": (kv, hidden), "layers.0.self_attn.o_proj.weight": (hidden, hidden),
+              "layers.0.mlp.gate_proj.weight": (inner, hidden), "layers.0.mlp.up_proj.weight": (inner, hidden),
+              "layers.0.mlp.down_proj.weight": (hidden, inner), "layers.0.post_attention_layernorm.weight": (hidden,)}
+    assert sorted(shapes) == sorted(UPSTREAM_EAGLE_KEYS)
+    committed = read_weights(Eagle.committed_draft_dir(lm.name))
+    jobs = {method: JOBS[method](lm, tmp_path) for method in ("eagle", "eagle2")}
+    for job in jobs.values():
+        state = load_file(job["eagle_weights"])
+        assert {key: tuple(value.shape) for key, value in state.items()} == shapes
+        assert all(torch.equal(state[key], committed[key].float()) for key in state)
+        config = json.loads(Path(job["eagle_config"]).read_text())
+        assert config["num_hidden_layers"] == 1 and config["bias"] is True  # fc has its bias, as upstream's default
+        # transformers 4.37's form: the RoPE base at the top; no scaling (upstream's EConfig accepts only its own)
+        assert config["rope_theta"] == 100000.0 and "rope_parameters" not in config
+        assert config.get("rope_scaling") is None
+        for key in ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+                    "rms_norm_eps", "hidden_act", "pad_token_id", "max_position_embeddings"):
+            assert config[key] == getattr(target, key), key
+    assert jobs["eagle"]["eagle_tree_choices"] == UPSTREAM_MC_SIM_7B_63
+    # Spec-Bench's inference_eagle2.py defaults, which are ours; both count the pending token in total_token(s)
+    assert jobs["eagle2"]["eagle2_args"] == {"total_token": 60, "depth": 5, "top_k": 10}
+
+
+def test_only_an_eagle_draft_is_handed_to_upstreams_eagle(lm, tmp_path):
+    from gumiho.draft_model import GumihoDraft
+
+    gumiho = GumihoDraft.for_target(lm.model, mlp_num=1, layers=2)
+    with pytest.raises(SystemExit, match="gumiho draft"):
+        write_upstream_eagle_draft(gumiho, lm.model.config.to_dict(), tmp_path / "draft")

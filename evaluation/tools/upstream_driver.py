@@ -182,7 +182,69 @@ def load_gumiho(job: dict):
     return base, run
 
 
+def eagle_draft_state(job: dict, base) -> dict:
+    """Our EAGLE draft's weights under upstream's keys (written by the tool), plus the embedding upstream's draft
+    holds as its own: a copy of the target's, which our draft shares (a copy, so `FedIds` sees target forwards only)."""
+    from safetensors.torch import load_file
+
+    state = load_file(job["eagle_weights"])
+    state["embed_tokens.weight"] = base.model.embed_tokens.weight.detach().clone()
+    return state
+
+
+def load_eagle(job: dict):
+    """EAGLE-1 (Spec-Bench `evaluation/inference_eagle.py`, `model/eagle/`): its target with a preallocated cache and
+    its `EaModel` built as `EaModel.from_pretrained` builds it, from our draft's weights, decoded by Spec-Bench's
+    `ea_forward` with the `mc_sim_7b_63` tree at temperature 0. The accepted lengths are the ones `ea_forward`
+    keeps (each step's accepted drafts plus one, what Spec-Bench reports), as for the other Spec-Bench loops."""
+    ea_model = importlib.import_module("model.eagle.ea_model")
+    choices = importlib.import_module("model.eagle.choices")
+    inference = importlib.import_module("evaluation.inference_eagle")
+    # Upstream's draft always grows its own `mc_sim_7b_63` (`Model.init_tree`), whatever tree the target verifies.
+    if sorted(map(tuple, job["eagle_tree_choices"])) != sorted(map(tuple, choices.mc_sim_7b_63)):
+        raise SystemExit("error: our EAGLE tree is not upstream's mc_sim_7b_63, the only tree its draft grows")
+    base = ea_model.KVLlamaForCausalLM.from_pretrained(job["model"], torch_dtype=torch.float32).eval()
+    model = ea_model.EaModel(base, job["model"], job["eagle_config"])
+    model.ea_layer.load_state_dict(eagle_draft_state(job, base), strict=True)
+    model.eval()  # as Spec-Bench's run_eval does; a draft in training mode takes its gradient-checkpointing path
+    tokenizer = SimpleNamespace(eos_token_id=job["eos"])
+
+    def run(prompt: list[int]):
+        ids, _, _, lengths = inference.ea_forward(
+            SimpleNamespace(input_ids=torch.tensor([prompt])), model, tokenizer, job["max_new_tokens"],
+            tree_choices=choices.mc_sim_7b_63, logits_processor=None)
+        return ids[0, len(prompt):].tolist(), [int(x) for x in lengths]
+
+    return base, run
+
+
+def load_eagle2(job: dict):
+    """EAGLE-2 (Spec-Bench `evaluation/inference_eagle2.py`, `model/eagle2/`): its target and its `EaModel` built
+    as `EaModel.from_pretrained` builds it, from our draft's weights and our `total_token`, `depth` and `top_k`,
+    decoded by Spec-Bench's `ea_forward` (`eagenerate`) at temperature 0. The accepted lengths are the ones
+    `eagenerate` keeps, as for EAGLE-1."""
+    ea_model = importlib.import_module("model.eagle2.ea_model")
+    inference = importlib.import_module("evaluation.inference_eagle2")
+    base = ea_model.KVLlamaForCausalLM.from_pretrained(job["model"], torch_dtype=torch.float32).eval()
+    args = job["eagle2_args"]
+    model = ea_model.EaModel(base, job["model"], job["eagle_config"], args["total_token"], args["depth"],
+                             args["top_k"], 1.0, eagle_draft_state(job, base))
+    model.eval()
+    # `eagenerate` stops at its own tokenizer's eos: it must be the stop token our side uses.
+    if model.tokenizer.eos_token_id != job["eos"]:
+        raise SystemExit(f"error: upstream's tokenizer stops at {model.tokenizer.eos_token_id}, ours at {job['eos']}")
+
+    def run(prompt: list[int]):
+        ids, _, _, lengths = inference.ea_forward(
+            SimpleNamespace(input_ids=torch.tensor([prompt])), model, None, job["max_new_tokens"], temperature=0.0)
+        return ids[0, len(prompt):].tolist(), [int(x) for x in lengths]
+
+    return base, run
+
+
 LOADERS = {
+    "eagle": load_eagle,
+    "eagle2": load_eagle2,
     "gumiho": load_gumiho,
     "lookahead": load_lookahead,
     "logitspec": load_logitspec,

@@ -9,8 +9,9 @@
    0.15.2 and huggingface_hub 0.20.3 installed without dependencies, everything else (this project's CPU torch
    included) read from this project's environment;
 2. copies each upstream's `model/` and `evaluation/` and patches them only for the device (CUDA to CPU; REST's
-   cache for grouped-query attention), and writes the embedded model's config in the form transformers 4.37 reads
-   (`rope_theta`); for REST it builds Spec-Bench's DraftRetriever (Rust) with cargo;
+   cache for grouped-query attention; the RoPE base of Spec-Bench's EAGLE-1 files), and writes the embedded model's
+   config in the form transformers 4.37 reads (`rope_theta`); for REST it builds Spec-Bench's DraftRetriever (Rust)
+   with cargo; for Gumiho, EAGLE-1 and EAGLE-2 it hands upstream our committed draft in the form upstream reads;
 3. decodes the first turn of each question in order with our method (defaults: upstream's settings; one method
    object for all prompts, so state carried across questions is carried on both sides) and with upstream's loop,
    float32, one thread, the same prompt ids;
@@ -59,6 +60,28 @@ DEVICE_PATCHES = (
     # Its draft casts to float16 before the head, again a no-op for its models: here, to the head's dtype.
     ("gumiho/model/cnets.py", "head(out_hidden[0].half())", "head(out_hidden[0].to(head.weight.dtype))"),
     ("gumiho/model/cnets.py", "head(_out_hidden.half())", "head(_out_hidden.to(head.weight.dtype))"),
+    ("evaluation/inference_eagle2.py", ".cuda()", ".to('cpu')"),
+    # Not the device but the model: Spec-Bench's EAGLE-1 target and draft build RoPE with the default base 10000,
+    # whatever the config says (its Vicuna targets use 10000; its EAGLE-2 copy of both files reads `rope_theta`).
+    # SmolLM2's base is 100000, and our draft was trained on it: both read `rope_theta`, as EAGLE-2's files do.
+    ("model/eagle/modeling_llama_kv.py",
+     "                self.head_dim, max_position_embeddings=self.max_position_embeddings\n            )",
+     "                self.head_dim, max_position_embeddings=self.max_position_embeddings,base=self.config.rope_theta\n"
+     "            )"),
+    ("model/eagle/cnets.py",
+     "LlamaRotaryEmbedding(self.head_dim, max_position_embeddings=self.max_position_embeddings)",
+     "LlamaRotaryEmbedding(self.head_dim, max_position_embeddings=self.max_position_embeddings, "
+     "base=getattr(self.config, 'rope_theta', 10000))"),
+)
+# The parameters of EAGLE-1/2's draft (`Model` in Spec-Bench's model/eagle*/cnets.py) besides its embedding, which
+# upstream's checkpoints hold as a copy of the target's and ours shares with the target. Our draft
+# (`GumihoDraft` with one layer and no heads) names them the same way: gumiho/checkpoint.py reads upstream's as is.
+UPSTREAM_EAGLE_KEYS = (
+    "fc.weight", "fc.bias",
+    "layers.0.self_attn.q_proj.weight", "layers.0.self_attn.k_proj.weight", "layers.0.self_attn.v_proj.weight",
+    "layers.0.self_attn.o_proj.weight",
+    "layers.0.mlp.gate_proj.weight", "layers.0.mlp.up_proj.weight", "layers.0.mlp.down_proj.weight",
+    "layers.0.post_attention_layernorm.weight",  # layer 0 has no input norm, upstream's and ours
 )
 
 
@@ -80,6 +103,8 @@ LOGITSPEC = Upstream("--logitspec", "smart-lty/LogitSpec", "659bba9", "evaluatio
 GUMIHO = Upstream("--gumiho", "AMD-AIG-AIMA/Gumiho", "9a1bc87", "gumiho/model/gumiho_model.py", ("gumiho",),
                   GUMIHO_PINS)
 UPSTREAMS = (SPEC_BENCH, LOGITSPEC, GUMIHO)
+# Spec-Bench's methods, compared by default (with --logitspec and --gumiho, theirs too).
+DEFAULT_METHODS = "recycling,sam,sam-no-fallback,lookahead,rest,eagle,eagle2"
 # Where each method's upstream loop lives (Spec-Bench unless named here).
 UPSTREAM_OF = {"logitspec": LOGITSPEC, "gumiho": GUMIHO}
 
@@ -281,6 +306,56 @@ def gumiho_job(lm, scratch: Path) -> dict:
                             "complete_mask": int(config.fta), "serial_head_num": 2}}
 
 
+def upstream_eagle_config(target_config: dict, fc_bias: bool) -> dict:
+    """The draft config upstream's EAGLE reads (`EConfig`, and `EaModel` for fc's `bias`): the target's config with
+    one layer, as its released drafts' configs are, in the form transformers 4.37 reads (`rope_theta` at the top)."""
+    config = with_top_level_rope_theta(json.loads(json.dumps(target_config)))
+    config["torch_dtype"] = config.pop("dtype", "float32")
+    config["num_hidden_layers"] = 1
+    config["bias"] = fc_bias  # upstream's default when absent is True
+    return config
+
+
+def write_upstream_eagle_draft(draft, target_config: dict, folder: Path) -> Path:
+    """Our EAGLE draft as a folder upstream's EAGLE reads: `config.json` (`upstream_eagle_config`) and
+    `model.safetensors` with upstream's keys, in the dtype our side runs it. The embedding is left out: the driver
+    gives upstream's draft a copy of the target's, which is what ours reads."""
+    from safetensors.torch import save_file
+
+    if draft.family != "eagle" or draft.vocab_ids is not None:
+        raise SystemExit("error: upstream's EAGLE runs a one-layer draft without MLP heads over the whole vocabulary; "
+                         f"this draft is a {draft.family} draft"
+                         + ("" if draft.vocab_ids is None else " with a reduced vocabulary"))
+    state = {key: value.detach().to("cpu").contiguous() for key, value in draft.state_dict().items()}
+    if sorted(state) != sorted(UPSTREAM_EAGLE_KEYS):
+        raise SystemExit(f"error: our EAGLE draft's keys {sorted(state)} are not upstream's "
+                         f"{sorted(UPSTREAM_EAGLE_KEYS)}")
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    config = upstream_eagle_config(target_config, fc_bias="fc.bias" in state)
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    return folder
+
+
+def eagle_job(lm, scratch: Path, method_name: str) -> dict:
+    """EAGLE-1 (`eagle`) or EAGLE-2 (`eagle2`): the draft our method loads, written as upstream reads it, and our
+    tree settings as upstream's arguments: EAGLE-1's static tree (the driver checks it is the `mc_sim_7b_63` that
+    upstream's draft always grows), EAGLE-2's `total_token`, `depth` and `top_k`."""
+    from eagle.tree import STATIC_TREES
+    from evaluation.tools.half_precision import build_method
+
+    method = build_method(lm, method_name, **UPSTREAM_OPTIONS.get(method_name, {}))
+    target_config = json.loads((Path(lm.source) / "config.json").read_text())
+    folder = write_upstream_eagle_draft(method.draft_model, target_config, scratch / f"{method_name}-draft")
+    job = {"eagle_config": str(folder / "config.json"), "eagle_weights": str(folder / "model.safetensors")}
+    config = method.config
+    if method_name == "eagle":
+        job["eagle_tree_choices"] = [list(path) for path in STATIC_TREES[config.tree]]
+    else:  # upstream's total_token counts the pending token, as our total_tokens does
+        job["eagle2_args"] = {"total_token": config.total_tokens, "depth": config.depth, "top_k": config.top_k}
+    return job
+
+
 def lookahead_job(lm) -> dict:
     from evaluation.tools.half_precision import build_method
 
@@ -296,7 +371,9 @@ RANDOM_UPSTREAM = {"rest"}
 # Methods whose upstream prefill also feeds the first step's draft (their first compared tree is the next forward).
 WINDOW_IN_PREFILL = {"lookahead"}
 JOBS = {"rest": rest_job, "lookahead": lambda lm, scratch: lookahead_job(lm),
-        "logitspec": lambda lm, scratch: logitspec_job(lm), "gumiho": gumiho_job}
+        "logitspec": lambda lm, scratch: logitspec_job(lm), "gumiho": gumiho_job,
+        "eagle": lambda lm, scratch: eagle_job(lm, scratch, "eagle"),
+        "eagle2": lambda lm, scratch: eagle_job(lm, scratch, "eagle2")}
 
 
 def upstream_commit(checkout: Path) -> str:
@@ -353,20 +430,20 @@ def main(argv: list[str] | None = None) -> None:
         parser.add_argument(upstream.option, type=Path,
                             help=f"a clone of {upstream.repository} at {upstream.commit}")
     parser.add_argument("--methods", default=None,
-                        help="default: recycling,sam,sam-no-fallback,lookahead,rest, and logitspec and gumiho with "
-                             "--logitspec and --gumiho; "
+                        help=f"default: {DEFAULT_METHODS}, and logitspec and gumiho with --logitspec and "
+                             "--gumiho; "
                              "rest builds Spec-Bench's DraftRetriever with cargo into the side environment")
     parser.add_argument("--questions", default="81,161,241,321,401,481")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "upstream")
     args = parser.parse_args(argv)
-    methods = (args.methods or "recycling,sam,sam-no-fallback,lookahead,rest" + (",logitspec" if args.logitspec else "")
+    methods = (args.methods or DEFAULT_METHODS + (",logitspec" if args.logitspec else "")
                + (",gumiho" if args.gumiho else "")).split(",")
     driver = Path(__file__).with_name("upstream_driver.py").read_text()
     unknown = [m for m in methods if f'"{m}":' not in driver]
     if unknown:
-        raise SystemExit(f"error: no upstream loop for {', '.join(unknown)} (known: gumiho, lookahead, logitspec, "
-                         "rest, recycling, sam, sam-no-fallback)")
+        raise SystemExit(f"error: no upstream loop for {', '.join(unknown)} (known: eagle, eagle2, gumiho, "
+                         "lookahead, logitspec, rest, recycling, sam, sam-no-fallback)")
     checkouts = {}
     for method in methods:
         upstream = UPSTREAM_OF.get(method, SPEC_BENCH)
