@@ -105,7 +105,7 @@ bench-families: setup data  ## [~45 min] eagle, eagle2, eagle3, gumiho (each als
 		bench.warmup=$(WARMUP) run.results_dir=results/runs/families run.report=false $(ARGS)
 	$(PY) -m evaluation.report --results results/runs/families --out results/families
 	$(PY) -m evaluation.tools.family_table --report results/families
-	$(PY) -m evaluation.report.figures --results results/runs/families --out results/families/figures --no-training-curves
+	$(PY) -m evaluation.report.figures --results results/runs/families --out results/families/figures
 
 report: setup  ## [seconds] rebuild results/report.md and .csv from the saved runs
 	$(PY) -m evaluation.report
