@@ -13,7 +13,6 @@ standard speculative sampling, exact. `sampled_drafts=false` drafts the argmax i
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,9 +88,9 @@ class SelfDraft(DraftLM):
 
 def self_draft_layers(option, num_layers: int) -> list[int]:
     """The target layers a self-draft runs: the first N for an integer N, the given indices for a list, and by
-    default the first quarter (rounded up)."""
+    default the first eighth (rounded, at least one: 4 of SmolLM2's 30; `evaluation.tools.sps_layers` chose it)."""
     if option is None:
-        return list(range(math.ceil(num_layers / 4)))
+        return list(range(max(1, round(num_layers / 8))))
     if isinstance(option, int):
         require_int_range("draft_layers", option, 1, num_layers)
         return list(range(option))
@@ -125,7 +124,7 @@ class SpS(Method):
         # Vicuna), or "self": the target's own layers (`draft_layers`; method=sps-self)
         draft_model: str | None = None
         # With draft_model=self: the first N target layers (an integer) or a list of layer indices; null: the
-        # first quarter of the layers
+        # first eighth of the layers
         draft_layers: Any = None
         gamma: int = 5  # draft tokens per step at the start of each turn (transformers' num_assistant_tokens)
         schedule: str = "heuristic"  # heuristic: +2 after a fully accepted step, else -1 (at least 1); constant

@@ -50,7 +50,7 @@ def truncated_draft_dir(lm, tmp_path_factory):
 
 def test_the_self_draft_is_lossless(lm, assert_lossless):
     method = self_sps(lm)
-    assert method.layers == list(range(8))  # the first quarter of SmolLM2's 30 layers
+    assert method.layers == list(range(4))  # the first eighth of SmolLM2's 30 layers
     results = assert_lossless(method, names=THREE)
     steps = sum(r.steps - 1 for r in results.values())
     assert sum(len(r.new_ids) - 1 for r in results.values()) > steps  # some drafts are accepted
