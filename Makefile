@@ -32,7 +32,7 @@ METHODS   ?=
 	bench-engine gpu-check offline-bundle offline-check half-precision results-page clean bench-families train-medusa
 
 help:  ## [instant] list the targets, with their duration on 2 CPU cores
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
 
 setup: $(if $(filter $(VENV_PY),$(PY)),.venv/.installed,check-environment)  ## [~3 min, once] create .venv with the pinned dependencies (PY=...: only check that interpreter)
 

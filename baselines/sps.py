@@ -137,9 +137,13 @@ class SpS(Method):
         greedy_drafts_with_q: bool = False
 
         def check(self) -> None:
-            require(isinstance(self.draft_model, str) and self.draft_model.strip() != "", "draft_model",
-                    self.draft_model, "a hub id or folder of a causal LM with the target's tokenizer, or 'self' "
-                    "(the target's first layers: method=sps-self)")
+            from gumiho.method import HUB_ID, _is_dir
+
+            named = self.draft_model
+            ok = named == "self" or (isinstance(named, str) and 0 < len(named) <= 4096 and (
+                _is_dir(named) or (HUB_ID.fullmatch(named) is not None and not named.startswith((".", "/")))))
+            require(ok, "draft_model", named, "a hub id (owner/name) or an existing folder of a causal LM with the "
+                    "target's tokenizer, or 'self' (the target's first layers: method=sps-self)")
             require_int_range("max_gamma", self.max_gamma, 1, MAX_DRAFT_NODES)
             require_int_range("gamma", self.gamma, 1, self.max_gamma)
             require_choice("schedule", self.schedule, SCHEDULES)

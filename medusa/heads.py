@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-from evaluation.engine.errors import HarnessError
+from evaluation.engine.errors import HarnessError, require
 
 WEIGHTS = ("model.safetensors", "medusa_lm_head.safetensors", "medusa_lm_head.pt")
 
@@ -86,6 +86,18 @@ class MedusaHeads(nn.ModuleList):
 
     def saved_fields(self) -> dict:
         return {"family": "medusa", "draft_vocab_size": self.vocab}
+
+
+def check_heads_source(heads, seed) -> None:
+    """`heads` is null, `random`, an existing folder or a hub id (owner/name); the seed fits torch's."""
+    from evaluation.engine.options import require_int_range
+    from gumiho.method import HUB_ID, _is_dir
+
+    ok = heads is None or heads == "random" or (
+        isinstance(heads, str) and 0 < len(heads) <= 4096
+        and (_is_dir(heads) or (HUB_ID.fullmatch(heads) is not None and not heads.startswith((".", "/")))))
+    require(ok, "heads", heads, "null (the committed heads), random, an existing folder or a hub id owner/name")
+    require_int_range("seed", seed, 0, 2**63 - 1)
 
 
 def resolve_heads(source: str, files=WEIGHTS) -> Path:

@@ -21,6 +21,7 @@ from evaluation.engine.method import DecodeState, Method, StepOutcome
 from evaluation.engine.options import require_choice, require_int_range
 from evaluation.engine.tree import DraftTree
 from eagle.tree import StaticTree
+from medusa.heads import check_heads_source
 from medusa.hydra_heads import HydraHeads, load_hydra_heads
 from medusa.tree import STATIC_TREES
 
@@ -42,6 +43,7 @@ class Hydra(Method):
         seed: int = 0  # initialisation seed of heads=random
 
         def check(self) -> None:
+            check_heads_source(self.heads, self.seed)
             require_int_range("num_heads", self.num_heads, 1, 16)
             require_choice("tree", self.tree, sorted(STATIC_TREES))
 

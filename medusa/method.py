@@ -19,7 +19,7 @@ from evaluation.engine.method import DecodeState, Method, StepOutcome
 from evaluation.engine.options import require_choice, require_int_range
 from evaluation.engine.tree import DraftTree
 from eagle.tree import StaticTree
-from medusa.heads import MedusaHeads, load_heads
+from medusa.heads import MedusaHeads, check_heads_source, load_heads
 from medusa.tree import STATIC_TREES
 
 DRAFTS_DIR = Path(__file__).resolve().parent / "drafts" / "medusa"  # medusa/drafts/medusa/<model>/
@@ -42,6 +42,7 @@ class Medusa(Method):
         seed: int = 0  # initialisation seed of heads=random
 
         def check(self) -> None:
+            check_heads_source(self.heads, self.seed)
             require_int_range("num_heads", self.num_heads, 1, 16)
             require_choice("tree", self.tree, sorted(STATIC_TREES))
             if self.draft_vocab is not None:

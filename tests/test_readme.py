@@ -33,7 +33,7 @@ def code_commands(path) -> list[str]:
 
 def makefile_names() -> tuple[set[str], set[str]]:
     text = (ROOT / "Makefile").read_text()
-    targets = set(re.findall(r"^([a-z][a-z-]*):", text, flags=re.M))
+    targets = set(re.findall(r"^([a-z][a-z0-9-]*):", text, flags=re.M))
     variables = set(re.findall(r"^([A-Z_]+)\s*[:?]?=", text, flags=re.M))
     return targets, variables
 

@@ -96,7 +96,7 @@ def setting(tmp_path_factory, lm):
                             progress=False)
     base = [f"bench.question_file={questions}", f"run.results_dir={tmp / 'runs'}", "bench.max_new_tokens=4",
             "bench.warmup=0", "run.progress=false", "run.report=false", "model.dtype=float32", "run.device=cpu"]
-    per_method = {"rest": [f"method.datastore={store}"]}
+    per_method = {"rest": [f"method.datastore={store}"], "sps": ["method.draft_model=self"]}
     return tmp, base, per_method
 
 
