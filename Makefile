@@ -94,9 +94,9 @@ bench: setup data  ## [~25 min] every method on a Spec-Bench slice (REPEATS=3: t
 # The trained-draft families side by side on the bench slice (interleaved, one process), with EAGLE-2's and Gumiho's
 # reduced draft vocabularies (method.draft_vocab); the report set goes to results/families/.
 FAMILY_VOCABS ?= 4096 8192 16384
-bench-families: setup data  ## [~45 min] eagle, eagle2, eagle3, gumiho (each also with the draft budget), gumiho-serial and the draft-vocabulary sweep on the bench slice
+bench-families: setup data  ## [~45 min] eagle, eagle2, eagle3, gumiho, medusa and hydra where committed (each also with the draft budget), gumiho-serial and the draft-vocabulary sweep on the bench slice
 	families=$$($(PY) -m evaluation.catalog bench-settings $(MODEL) | tr , '\n' \
-		| grep -E '^(eagle|eagle2|eagle3|gumiho|gumiho-serial)$$'); set --; \
+		| grep -E '^(eagle|eagle2|eagle3|gumiho|gumiho-serial|medusa|hydra)$$'); set --; \
 	for f in $$families; do set -- "$$@" "method=$$f"; \
 		[ $$f = gumiho-serial ] || set -- "$$@" "method=$$f run.draft_budget=auto"; done; \
 	$(PY) -m evaluation.run.interleave method=vanilla "$$@" \
