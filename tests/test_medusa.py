@@ -121,3 +121,12 @@ def test_the_drafted_tree_reads_each_head_at_its_depth(lm, lossless_prompts):
     for token, path in zip(tree.tokens, method.tree.paths):
         assert token == int(ranked[len(path) - 1, path[-1]])
     assert tree.parents[:10] == [0] * 10 and len(tree) == 63
+
+
+@pytest.mark.skipif(not Medusa.ready_for("smollm2-135m"), reason="no Medusa heads committed for the embedded model")
+def test_the_committed_heads_are_lossless_and_accept_drafts(lm, assert_lossless):
+    """medusa/drafts/medusa/<model>/, what `make bench` runs for medusa: exact, and trained (random heads' drafts
+    are almost never accepted)."""
+    results = assert_lossless(Medusa(Medusa.Config(), lm), names=("q81-turn2", "q241"))
+    tokens = sum(len(r.new_ids) for r in results.values())
+    assert tokens > 1.05 * sum(r.steps for r in results.values())
