@@ -137,12 +137,10 @@ class SpS(Method):
         greedy_drafts_with_q: bool = False
 
         def check(self) -> None:
-            from gumiho.method import HUB_ID, _is_dir
+            from gumiho.method import is_folder_or_hub_id
 
             named = self.draft_model
-            ok = named == "self" or (isinstance(named, str) and 0 < len(named) <= 4096 and (
-                _is_dir(named) or (HUB_ID.fullmatch(named) is not None and not named.startswith((".", "/")))))
-            require(ok, "draft_model", named, "a hub id (owner/name) or an existing folder of a causal LM with the "
+            require(named == "self" or is_folder_or_hub_id(named), "draft_model", named, "a hub id (owner/name) or an existing folder of a causal LM with the "
                     "target's tokenizer, or 'self' (the target's first layers: method=sps-self)")
             require_int_range("max_gamma", self.max_gamma, 1, MAX_DRAFT_NODES)
             require_int_range("gamma", self.gamma, 1, self.max_gamma)

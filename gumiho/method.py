@@ -51,14 +51,18 @@ HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{
 def check_draft_source(draft: Optional[str], seed: int, draft_vocab: Optional[int] = None) -> None:
     """`draft` is null, `random`, an existing folder, or a hub id (owner/name); the seed fits torch's; a reduced
     vocabulary is null or a positive size."""
-    ok = draft is None or draft == "random" or (
-        isinstance(draft, str) and 0 < len(draft) <= 4096
-        and (_is_dir(draft) or (HUB_ID.fullmatch(draft) is not None and not draft.startswith((".", "/")))))
+    ok = draft is None or draft == "random" or is_folder_or_hub_id(draft)
     require(ok, "draft", draft, "null (the committed draft), random, an existing folder or a hub id owner/name")
     require_int_range("seed", seed, 0, 2**63 - 1)
     require(draft_vocab is None or (isinstance(draft_vocab, int) and not isinstance(draft_vocab, bool)
                                     and 1 <= draft_vocab <= 10**7),
             "draft_vocab", draft_vocab, "null (the whole vocabulary) or the number of tokens the draft proposes from")
+
+
+def is_folder_or_hub_id(name) -> bool:
+    """An existing folder, or a name shaped like a hub id (owner/name), of a plausible length."""
+    return isinstance(name, str) and 0 < len(name) <= 4096 and (
+        _is_dir(name) or (HUB_ID.fullmatch(name) is not None and not name.startswith((".", "/"))))
 
 
 def _is_dir(path: str) -> bool:

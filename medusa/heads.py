@@ -88,14 +88,21 @@ class MedusaHeads(nn.ModuleList):
         return {"family": "medusa", "draft_vocab_size": self.vocab}
 
 
+def read_state(path: Path) -> dict[str, torch.Tensor]:
+    """A heads file's tensors: safetensors, or a torch pickle read with `weights_only` (never runs code)."""
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(str(path))
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
 def check_heads_source(heads, seed) -> None:
     """`heads` is null, `random`, an existing folder or a hub id (owner/name); the seed fits torch's."""
     from evaluation.engine.options import require_int_range
-    from gumiho.method import HUB_ID, _is_dir
+    from gumiho.method import is_folder_or_hub_id
 
-    ok = heads is None or heads == "random" or (
-        isinstance(heads, str) and 0 < len(heads) <= 4096
-        and (_is_dir(heads) or (HUB_ID.fullmatch(heads) is not None and not heads.startswith((".", "/")))))
+    ok = heads is None or heads == "random" or is_folder_or_hub_id(heads)
     require(ok, "heads", heads, "null (the committed heads), random, an existing folder or a hub id owner/name")
     require_int_range("seed", seed, 0, 2**63 - 1)
 
@@ -123,12 +130,7 @@ def load_heads(source: str, target, num_heads: int | None = None) -> MedusaHeads
     files = [folder / name for name in WEIGHTS if (folder / name).is_file()]
     if not files:
         raise HarnessError(f"Medusa heads {source!r}: no {' or '.join(WEIGHTS)} in {folder}")
-    if files[0].suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        state = load_file(str(files[0]))
-    else:
-        state = torch.load(files[0], map_location="cpu", weights_only=True)
+    state = read_state(files[0])
     stored = sorted({int(key.split(".")[0]) for key in state if key.split(".")[0].isdigit()})
     if not stored or stored != list(range(len(stored))):
         raise HarnessError(f"Medusa heads {source!r}: no heads numbered 0, 1, ... in {files[0].name}")

@@ -17,18 +17,19 @@ import torch
 
 from evaluation.engine.errors import HarnessError
 from evaluation.engine.kv_cache import PositionalKVCache
-from evaluation.engine.method import DecodeState, Method, StepOutcome
+from evaluation.engine.method import DecodeState, StepOutcome
 from evaluation.engine.options import require_choice, require_int_range
 from evaluation.engine.tree import DraftTree
 from eagle.tree import StaticTree
 from medusa.heads import check_heads_source
 from medusa.hydra_heads import HydraHeads, load_hydra_heads
+from medusa.method import CommittedHeads
 from medusa.tree import STATIC_TREES
 
 DRAFTS_DIR = Path(__file__).resolve().parent / "drafts" / "hydra"  # medusa/drafts/hydra/<model>/
 
 
-class Hydra(Method):
+class Hydra(CommittedHeads):
     """Hydra++: a prefix layer over the committed states, heads conditioned on their path, a static tree."""
 
     needs_hidden_states = True
@@ -46,21 +47,6 @@ class Hydra(Method):
             check_heads_source(self.heads, self.seed)
             require_int_range("num_heads", self.num_heads, 1, 16)
             require_choice("tree", self.tree, sorted(STATIC_TREES))
-
-    @classmethod
-    def committed_dir(cls, model_name: str) -> Path:
-        return cls.drafts_dir / model_name
-
-    @classmethod
-    def ready_for(cls, model_name: str) -> bool:
-        return (cls.committed_dir(model_name) / "config.json").is_file()
-
-    @classmethod
-    def input_files(cls, config, model_name: str) -> dict[str, Path]:
-        if config.heads is None:
-            return {"heads": cls.committed_dir(model_name)}
-        path = Path(str(config.heads)).expanduser()
-        return {"heads": path} if path.is_dir() else {}
 
     def __init__(self, config, model):
         config.check()

@@ -29,7 +29,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMS
 
 from evaluation.engine.errors import HarnessError
 from evaluation.engine.kv_cache import cache_argument
-from medusa.heads import resolve_heads
+from medusa.heads import read_state, resolve_heads
 
 WEIGHTS = ("hydra_lm_head.safetensors", "hydra_lm_head.pt")
 ARCHITECTURES = ("prefix-mlp", "mlp")
@@ -144,12 +144,7 @@ def load_hydra_heads(source: str, target, num_heads: int | None = None) -> Hydra
     files = [folder / name for name in WEIGHTS if (folder / name).is_file()]
     if not files:
         raise HarnessError(f"Hydra heads {source!r}: no {' or '.join(WEIGHTS)} in {folder}")
-    if files[0].suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        state = load_file(str(files[0]))
-    else:
-        state = torch.load(files[0], map_location="cpu", weights_only=True)
+    state = read_state(files[0])
     stored = int(config.get("hydra_num_heads", 0)) or len({k.split(".")[1] for k in state
                                                            if k.startswith("hydra_lm_head.")})
     count = stored if num_heads is None else num_heads

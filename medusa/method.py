@@ -25,7 +25,28 @@ from medusa.tree import STATIC_TREES
 DRAFTS_DIR = Path(__file__).resolve().parent / "drafts" / "medusa"  # medusa/drafts/medusa/<model>/
 
 
-class Medusa(Method):
+class CommittedHeads(Method):
+    """A method whose trained heads are committed per target model under `drafts_dir/<model>/`."""
+
+    drafts_dir: Path
+
+    @classmethod
+    def committed_dir(cls, model_name: str) -> Path:
+        return cls.drafts_dir / model_name
+
+    @classmethod
+    def ready_for(cls, model_name: str) -> bool:
+        return (cls.committed_dir(model_name) / "config.json").is_file()
+
+    @classmethod
+    def input_files(cls, config, model_name: str) -> dict[str, Path]:
+        if config.heads is None:
+            return {"heads": cls.committed_dir(model_name)}
+        path = Path(str(config.heads)).expanduser()
+        return {"heads": path} if path.is_dir() else {}
+
+
+class Medusa(CommittedHeads):
     """Medusa-1: K heads, one static tree, no draft KV cache."""
 
     needs_hidden_states = True
@@ -49,21 +70,6 @@ class Medusa(Method):
                 require_int_range("draft_vocab", self.draft_vocab, 16)
                 require(self.heads == "random", "draft_vocab", self.draft_vocab,
                         "null unless heads=random (trained heads keep the vocabulary they were trained on)")
-
-    @classmethod
-    def committed_dir(cls, model_name: str) -> Path:
-        return cls.drafts_dir / model_name
-
-    @classmethod
-    def ready_for(cls, model_name: str) -> bool:
-        return (cls.committed_dir(model_name) / "config.json").is_file()
-
-    @classmethod
-    def input_files(cls, config, model_name: str) -> dict[str, Path]:
-        if config.heads is None:
-            return {"heads": cls.committed_dir(model_name)}
-        path = Path(str(config.heads)).expanduser()
-        return {"heads": path} if path.is_dir() else {}
 
     def __init__(self, config, model):
         config.check()
