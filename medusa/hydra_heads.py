@@ -9,19 +9,24 @@
     v + SiLU(W v + b) applied `num_layers - 1` times (upstream repeats one module: shared weights), then a
     projection with a bias onto the vocabulary.
   - Plain Hydra (`hydra_head_arch: mlp`) has no prefix layer: the heads read h_t itself.
+  - Dropout (0.2) before every block and before the projection, in training only.
 
 Released checkpoints (`ankner/hydra-vicuna-7b-v1.3`, ...): `config.json` (`hydra_head_arch`, `grounded_heads`,
 `hydra_num_heads`, `hydra_num_layers`) and `hydra_lm_head.pt` with keys `prefix_embeding_layer.layers.0.*`,
 `prefix_embeding_layer.norm.weight` (and an unused `prefix_embeding_layer.embed_tokens.weight`),
 `input_embed_fn.weight` (a copy of the target's embedding, not used: the target's own is), `hydra_mlp.{i}.1.*`
 (the conditioned block), `hydra_mlp.{i}.3.linear.*` (the shared block, also stored under `.5.` and `.7.`),
-`hydra_lm_head.{i}.1.weight|bias`.
+`hydra_lm_head.{i}.1.weight|bias`. Heads trained here are written by the drafts' writer
+(`gumiho.checkpoint.save_draft`: float16 `model.safetensors` under this module's own keys, upstream's config fields,
+a manifest), plus `vocab_ids` when the projections cover a reduced vocabulary; `save_upstream` writes upstream's
+layout.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from torch import nn
@@ -31,8 +36,9 @@ from evaluation.engine.errors import HarnessError
 from evaluation.engine.kv_cache import cache_argument
 from medusa.heads import read_state, resolve_heads
 
-WEIGHTS = ("hydra_lm_head.safetensors", "hydra_lm_head.pt")
+WEIGHTS = ("model.safetensors", "hydra_lm_head.safetensors", "hydra_lm_head.pt")
 ARCHITECTURES = ("prefix-mlp", "mlp")
+DROPOUT = 0.2  # upstream's training dropout (heads only; the prefix layer has none)
 
 
 class ConditionedBlock(nn.Module):
@@ -49,57 +55,97 @@ class ConditionedBlock(nn.Module):
 
 
 class SharedBlock(nn.Module):
-    """v + SiLU(W v + b), applied `repeats` times with the same weights (upstream's `[block] * n`)."""
+    """v + SiLU(W v + b), applied `repeats` times with the same weights (upstream's `[Dropout, block] * n`)."""
 
-    def __init__(self, hidden: int, repeats: int):
+    def __init__(self, hidden: int, repeats: int, dropout: nn.Module):
         super().__init__()
         self.linear = nn.Linear(hidden, hidden)
         nn.init.zeros_(self.linear.weight)
-        self.repeats = repeats
+        self.repeats, self.dropout = repeats, dropout
 
     def forward(self, v):
         for _ in range(self.repeats):
+            v = self.dropout(v)
             v = v + torch.nn.functional.silu(self.linear(v))
         return v
 
 
 class HydraHead(nn.Module):
-    def __init__(self, hidden: int, vocab: int, depth_index: int, num_layers: int):
+    """Dropout before every block and before the projection, as upstream trains (identity in eval mode)."""
+
+    def __init__(self, hidden: int, vocab: int, depth_index: int, num_layers: int, dropout: float = DROPOUT):
         super().__init__()
+        self.dropout = nn.Dropout(dropout)
         self.conditioned = ConditionedBlock(hidden, depth_index + 2)
-        self.shared = SharedBlock(hidden, num_layers - 1) if num_layers > 1 else None
+        self.shared = SharedBlock(hidden, num_layers - 1, self.dropout) if num_layers > 1 else None
         self.lm_head = nn.Linear(hidden, vocab)
 
     def forward(self, x):
-        v = self.conditioned(x)
+        v = self.conditioned(self.dropout(x))
         if self.shared is not None:
             v = self.shared(v)
-        return self.lm_head(v)
+        return self.lm_head(self.dropout(v))
 
 
 class HydraHeads(nn.Module):
-    """The prefix layer (Hydra++) and the heads; the token embedding is the target's (`embed`)."""
+    """The prefix layer (Hydra++) and the heads; the token embedding is the target's (`embed`). The projections
+    cover the target's vocabulary, or the rows `vocab_ids` of it (a reduced draft vocabulary, heads trained here)."""
 
-    def __init__(self, target_config, num_heads: int, num_layers: int, prefix: bool = True):
+    def __init__(self, target_config, num_heads: int, num_layers: int, prefix: bool = True,
+                 vocab_ids: torch.Tensor | None = None):
         super().__init__()
-        hidden, vocab = target_config.hidden_size, target_config.vocab_size
+        hidden = target_config.hidden_size
+        vocab = target_config.vocab_size if vocab_ids is None else int(vocab_ids.numel())
         self.num_heads, self.num_layers = num_heads, num_layers
         self.prefix = prefix
+        self.base_model = getattr(target_config, "_name_or_path", "")
         if prefix:
             self.prefix_layer = LlamaDecoderLayer(target_config, layer_idx=0)
             self.prefix_norm = LlamaRMSNorm(hidden, eps=target_config.rms_norm_eps)
             self.rotary = LlamaRotaryEmbedding(target_config)
         self.heads = nn.ModuleList(HydraHead(hidden, vocab, i, num_layers) for i in range(num_heads))
+        self.register_buffer("vocab_ids", vocab_ids, persistent=vocab_ids is not None)
 
     @classmethod
-    def for_target(cls, target, num_heads: int = 4, num_layers: int = 4, prefix: bool = True) -> "HydraHeads":
-        """New heads whose projections start as the target's head (upstream's start; the bias at 0)."""
-        heads = cls(target.config, num_heads, num_layers, prefix)
+    def for_target(cls, target, num_heads: int = 4, num_layers: int = 4, prefix: bool = True,
+                   vocab_ids: torch.Tensor | None = None) -> "HydraHeads":
+        """New heads as upstream starts them: the projections as the target's head (its rows `vocab_ids`) with a
+        zero bias, the prefix layer as a fresh transformers layer (normal weights, std `initializer_range`)."""
+        heads = cls(target.config, num_heads, num_layers, prefix, vocab_ids)
+        weight = target.lm_head.weight.detach()
+        if vocab_ids is not None:
+            weight = weight[vocab_ids.to(weight.device)]
         with torch.no_grad():
             for head in heads.heads:
-                head.lm_head.weight.copy_(target.lm_head.weight)
+                head.lm_head.weight.copy_(weight)
                 head.lm_head.bias.zero_()
+            if prefix:
+                for module in heads.prefix_layer.modules():
+                    if isinstance(module, nn.Linear):
+                        module.weight.normal_(0.0, getattr(target.config, "initializer_range", 0.02))
         return heads
+
+    @property
+    def vocab(self) -> int:
+        return self.heads[0].lm_head.weight.shape[0]
+
+    def target_ids(self, rows: torch.Tensor) -> torch.Tensor:
+        """Target token ids of vocabulary rows."""
+        return rows if self.vocab_ids is None else self.vocab_ids[rows]
+
+    def trainable_parameters(self):
+        return list(self.parameters())
+
+    # what the drafts' writer (`gumiho.checkpoint.save_draft`) asks of a draft: upstream's config fields
+    @property
+    def config(self) -> SimpleNamespace:
+        fields = {"hydra_head_arch": "prefix-mlp" if self.prefix else "mlp", "grounded_heads": True,
+                  "hidden_state_offset": 0, "hydra_num_heads": self.num_heads, "hydra_num_layers": self.num_layers,
+                  "base_model_name_or_path": self.base_model}
+        return SimpleNamespace(to_dict=lambda: dict(fields))
+
+    def saved_fields(self) -> dict:
+        return {"family": "hydra", "draft_vocab_size": self.vocab}
 
     def prefix_states(self, hidden: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache) -> torch.Tensor:
         """P for target states `hidden` [1, n, H] at `positions` [1, n]; writes the prefix layer's cache."""
@@ -126,8 +172,9 @@ def _upstream_key(key: str) -> str:
 
 
 def upstream_state(heads: HydraHeads) -> dict[str, torch.Tensor]:
-    """The heads' weights under upstream's keys (the shared block once, under `.3.`)."""
-    return {_upstream_key(k): v for k, v in heads.state_dict().items() if not k.startswith("rotary.")}
+    """The heads' weights under upstream's keys (the shared block once, under `.3.`; `vocab_ids` as it is)."""
+    return {(k if k == "vocab_ids" else _upstream_key(k)): v for k, v in heads.state_dict().items()
+            if not k.startswith("rotary.")}
 
 
 def load_hydra_heads(source: str, target, num_heads: int | None = None) -> HydraHeads:
@@ -145,23 +192,34 @@ def load_hydra_heads(source: str, target, num_heads: int | None = None) -> Hydra
     if not files:
         raise HarnessError(f"Hydra heads {source!r}: no {' or '.join(WEIGHTS)} in {folder}")
     state = read_state(files[0])
+    if any(k.startswith("heads.") for k in state):  # heads trained here: our keys (gumiho.checkpoint.save_draft)
+        state = {(k if k == "vocab_ids" else _upstream_key(k)): v for k, v in state.items()}
+    vocab_ids = state.get("vocab_ids")
+    if vocab_ids is not None and (vocab_ids.min() < 0 or vocab_ids.max() >= target.config.vocab_size):
+        raise HarnessError(f"Hydra heads {source!r}: vocab_ids beyond the target's vocabulary of "
+                           f"{target.config.vocab_size}")
     stored = int(config.get("hydra_num_heads", 0)) or len({k.split(".")[1] for k in state
                                                            if k.startswith("hydra_lm_head.")})
     count = stored if num_heads is None else num_heads
     if count > stored:
         raise HarnessError(f"Hydra heads {source!r}: {count} heads asked for, {stored} stored")
-    heads = HydraHeads(target.config, count, int(config.get("hydra_num_layers", 4)), prefix=arch == "prefix-mlp")
+    heads = HydraHeads(target.config, count, int(config.get("hydra_num_layers", 4)), prefix=arch == "prefix-mlp",
+                       vocab_ids=None if vocab_ids is None else vocab_ids.long())
     wanted = upstream_state(heads)
+    rows = heads.vocab
     for key, value in wanted.items():
+        if key == "vocab_ids":
+            continue
         if key not in state:
             raise HarnessError(f"Hydra heads {source!r}: key {key} missing from {files[0].name}")
         if tuple(state[key].shape) != tuple(value.shape):
             raise HarnessError(f"Hydra heads {source!r}: {key} is {tuple(state[key].shape)}, the target "
-                               f"(hidden {target.config.hidden_size}, vocabulary {target.config.vocab_size}) needs "
+                               f"(hidden {target.config.hidden_size}, vocabulary {rows}) needs "
                                f"{tuple(value.shape)}")
-    ours = {k: state[_upstream_key(k)].float() for k in heads.state_dict() if not k.startswith("rotary.")}
+    ours = {k: (heads.vocab_ids if k == "vocab_ids" else state[_upstream_key(k)].float())
+            for k in heads.state_dict() if not k.startswith("rotary.")}
     heads.load_state_dict(ours)
-    return heads
+    return heads.eval()  # dropout off: loaded heads are for drafting
 
 
 def save_upstream(heads: HydraHeads, folder: str | Path, base_model: str = "") -> None:

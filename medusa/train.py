@@ -10,6 +10,14 @@ Training).
     is left out of the loss.
   - Held-out accuracy of head k = how often its top token at t is the target's own greedy token t + k + 2
     (`acc{k+1}`: depth k + 1 of the tree).
+
+Hydra++'s heads (`train.family=hydra`; docs/methods/hydra.md, Training), upstream's recipe (`hydra/train/train.py`):
+  - The prefix layer runs causally over the target's last states; head k at position t reads the prefix state and
+    the embeddings of the text's tokens t + 1 .. t + k + 1 (teacher forcing: the true tokens as its path) and is
+    trained with the cross-entropy against the target's own distribution for token t + k + 2 (the teacher loss,
+    weight 1; no label loss), on assistant tokens, summed over heads; dropout 0.2 in the heads.
+  - With a reduced vocabulary the target's distribution is taken over the draft's tokens (its logits at those
+    rows, renormalised), the only tokens a head can propose.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from torch import nn
 
 from eagle.train import training_vocabulary
 from medusa.heads import MedusaHeads
+from medusa.hydra_heads import HydraHeads
 
 
 def new_medusa_heads(lm, options) -> MedusaHeads:
@@ -75,6 +84,97 @@ def head_accuracy(heads: MedusaHeads, target, items, max_prompt: int = 768) -> d
             if last <= start:
                 continue
             predicted = heads.target_ids(heads(hidden[0, start:last], k + 1)[k].argmax(-1))
+            truth = ids[0, start + 2 + k: length]
+            correct[k] += (predicted == truth).sum().item()
+            total[k] += truth.numel()
+    heads.train(was_training)
+    result = {"positions": int(total[0].item())}
+    for k in range(heads.num_heads):
+        result[f"acc{k + 1}"] = float(correct[k] / total[k]) if total[k] else float("nan")
+    return result
+
+
+# ---------------------------------------------------------------------------------------------------- Hydra++
+
+
+def new_hydra_heads(lm, options) -> HydraHeads:
+    return HydraHeads.for_target(lm.model, options.medusa_heads, vocab_ids=training_vocabulary(lm, options))
+
+
+def causal_mask(attention: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[B, 1, L, L] additive mask: a position sees itself and the real positions before it."""
+    length = attention.shape[1]
+    allowed = torch.ones(length, length, dtype=torch.bool, device=attention.device).tril()[None] \
+        & attention.bool()[:, None, :]
+    return torch.zeros(allowed.shape, dtype=dtype, device=attention.device).masked_fill(
+        ~allowed, torch.finfo(dtype).min)[:, None]
+
+
+def prefix_over(heads: HydraHeads, hidden: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
+    """The prefix states of whole sequences (training and evaluation: no cache)."""
+    positions = torch.arange(hidden.shape[1], device=hidden.device)[None].expand(hidden.shape[0], -1)
+    return heads.prefix_states(hidden, positions, causal_mask(attention, hidden.dtype), None)
+
+
+def head_inputs(prefix: torch.Tensor, embeddings: torch.Tensor, k: int, span: int) -> torch.Tensor:
+    """[B, span, (k + 2) H]: at t, the prefix state and the embeddings of tokens t + 1 .. t + k + 1."""
+    return torch.cat([prefix[:, :span], *(embeddings[:, 1 + j: 1 + j + span] for j in range(k + 1))], dim=-1)
+
+
+class HydraLoss(nn.Module):
+    """The heads with upstream's teacher loss as their forward; `teacher_rows` = the target head's rows of the
+    draft vocabulary."""
+
+    def __init__(self, heads: HydraHeads, teacher_rows: torch.Tensor):
+        super().__init__()
+        self.heads = heads
+        self.register_buffer("teacher_rows", teacher_rows.detach().float(), persistent=False)
+
+    def forward(self, hidden: torch.Tensor, embeddings: torch.Tensor, attention: torch.Tensor,
+                loss_mask: torch.Tensor):
+        """hidden and embeddings [B, L, H] (the target's last states and its token embeddings), attention and
+        loss_mask [B, L]. Returns the loss and, per head, its cross-entropy."""
+        length = hidden.shape[1]
+        prefix = prefix_over(self.heads, hidden, attention)
+        loss, parts = hidden.new_zeros(()), {}
+        count = loss_mask[:, 2:].sum() + 1e-5
+        for k, head in enumerate(self.heads.heads):
+            span = length - k - 2
+            if span <= 0:
+                break
+            rows = loss_mask[:, k + 2:].bool()
+            with torch.no_grad():  # the target's distribution of token t + k + 2, read at t + k + 1
+                teacher = F.softmax(F.linear(hidden[:, k + 1: k + 1 + span][rows], self.teacher_rows).float(), -1)
+            logits = head(head_inputs(prefix, embeddings, k, span)[rows])
+            term = -(teacher * F.log_softmax(logits.float(), -1)).sum() / count
+            loss = loss + term
+            parts[f"ce{k + 1}"] = float(term.detach())
+        return loss, parts
+
+
+@torch.no_grad()
+def hydra_head_accuracy(heads: HydraHeads, target, items, max_prompt: int = 768) -> dict:
+    """{"positions": n, "acc1".."accK": float}: head k's top token at t, its path the continuation's own tokens,
+    against the continuation's token t + k + 2."""
+    device = next(target.parameters()).device
+    dtype = next(heads.parameters()).dtype
+    correct, total = torch.zeros(heads.num_heads), torch.zeros(heads.num_heads)
+    was_training = heads.training
+    heads.eval()
+    embed = target.get_input_embeddings()
+    for prompt, continuation in items:
+        prompt = prompt[-max_prompt:]
+        ids = torch.tensor([prompt + list(continuation)], device=device)
+        hidden = target(input_ids=ids, output_hidden_states=True, logits_to_keep=1).hidden_states[-1].to(dtype)
+        prefix = prefix_over(heads, hidden, torch.ones_like(ids))
+        embeddings = embed(ids).to(dtype)
+        start, length = len(prompt) - 1, ids.shape[1]
+        for k in range(heads.num_heads):
+            span = length - 2 - k  # positions 0..span-1 predict token t + k + 2
+            if span <= start:
+                continue
+            logits = heads.heads[k](head_inputs(prefix, embeddings, k, span)[0, start:])
+            predicted = heads.target_ids(logits.argmax(-1))
             truth = ids[0, start + 2 + k: length]
             correct[k] += (predicted == truth).sum().item()
             total[k] += truth.numel()

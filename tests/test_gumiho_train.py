@@ -58,10 +58,11 @@ EAGLE3 = {"family": "eagle3", "mlp_num": 0, "draft_vocab": 1024, "vocab_records"
 
 
 MEDUSA = {"family": "medusa", "mlp_num": 0, "medusa_heads": 3, "draft_vocab": 1024, "vocab_records": 30}
+HYDRA = {"family": "hydra", "mlp_num": 0, "medusa_heads": 3, "draft_vocab": 1024, "vocab_records": 30}
 
 
-@pytest.mark.parametrize("family", [{"family": "eagle", "mlp_num": 0}, EAGLE3, MEDUSA],
-                         ids=["eagle", "eagle3", "medusa"])
+@pytest.mark.parametrize("family", [{"family": "eagle", "mlp_num": 0}, EAGLE3, MEDUSA, HYDRA],
+                         ids=["eagle", "eagle3", "medusa", "hydra"])
 def test_a_few_steps_lower_each_familys_loss(lm, tmp_path, family):
     trainer = Trainer(lm, options(tmp_path, **family), "tiny")
     sample = next(s for s in iter_samples(lm.tokenizer, lm.chat_template, 96) if sum(s.loss_mask) >= 16)
@@ -69,11 +70,11 @@ def test_a_few_steps_lower_each_familys_loss(lm, tmp_path, family):
     assert losses[-1] < 0.8 * losses[0], losses
     if family["family"] == "eagle3":  # the draft proposes from the 1024 most frequent assistant tokens
         assert trainer.draft.vocab_ids.numel() == 1024 and int(trainer.draft.t2d.sum()) == 1024
-    if family["family"] == "medusa":  # three heads over the same 1024 tokens, starting as the target's head rows
+    if family["family"] in ("medusa", "hydra"):  # three heads over the same 1024 tokens
         assert trainer.draft.num_heads == 3 and trainer.draft.vocab == 1024
 
 
-@pytest.mark.parametrize("family", [{}, EAGLE3, MEDUSA], ids=["gumiho", "eagle3", "medusa"])
+@pytest.mark.parametrize("family", [{}, EAGLE3, MEDUSA, HYDRA], ids=["gumiho", "eagle3", "medusa", "hydra"])
 def test_a_stopped_run_resumes_to_the_uninterrupted_state(lm, tmp_path, family):
     whole = Trainer(lm, options(tmp_path / "a", max_steps=4, **family), "tiny")
     whole.run()
@@ -93,6 +94,13 @@ def test_a_stopped_run_resumes_to_the_uninterrupted_state(lm, tmp_path, family):
 
         heads = load_heads(str(tmp_path / "b" / "draft"), lm.model)
         assert heads.num_heads == 3 and torch.equal(heads.vocab_ids, resumed.draft.vocab_ids)
+    if family.get("family") == "hydra":  # the method reads what training wrote, float16-rounded
+        from medusa.hydra_heads import load_hydra_heads
+
+        heads = load_hydra_heads(str(tmp_path / "b" / "draft"), lm.model)
+        assert heads.num_heads == 3 and torch.equal(heads.vocab_ids, resumed.draft.vocab_ids)
+        saved = resumed.draft.state_dict()
+        assert all(torch.equal(v, saved[k].half().float()) for k, v in heads.state_dict().items() if k != "vocab_ids")
 
 
 def test_per_depth_evaluation_runs(lm):
