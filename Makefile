@@ -24,6 +24,9 @@ BUDGET    ?= off
 ARGS      ?=
 # Decoding temperature: 0 is greedy (Spec-Bench); above 0 every method samples through the engine's exact rule.
 TEMPERATURE ?= 0
+# Where a bench set goes: its runs in $(OUT)/runs, the report in $(OUT), the tables and figures in $(OUT)/figures
+# (make bench OUT=results/reference && make figures OUT=results/reference keeps a set apart from the default one).
+OUT       ?= results
 # The method configs to run, comma-separated; empty: every config in conf/method, vanilla first, the trained-draft
 # ones once a draft for MODEL is committed (`python -m evaluation.catalog bench-settings MODEL`).
 METHODS   ?=
@@ -77,7 +80,8 @@ test: setup data  ## [~40 min on 2 cores] the test suite (CPU, real embedded mod
 bench: setup data  ## [~25 min] every method on a Spec-Bench slice (REPEATS=3: the statistical run), then the report
 	@methods="$(METHODS)"; [ -n "$$methods" ] || methods=$$($(PY) -m evaluation.catalog bench-settings $(MODEL)) || exit 2; \
 	settings="model=$(MODEL) bench.questions_per_subtask=$(QUESTIONS) bench.max_new_tokens=$(MAX_NEW) \
-		bench.warmup=$(WARMUP) bench.temperature=$(TEMPERATURE) run.draft_budget=$(BUDGET) run.report=false $(ARGS)"; \
+		bench.warmup=$(WARMUP) bench.temperature=$(TEMPERATURE) run.draft_budget=$(BUDGET) run.report=false \
+		run.results_dir=$(OUT)/runs $(ARGS)"; \
 	case "$(SCHEDULE)" in \
 		interleaved) echo "$(PY) -m evaluation.run.interleave ... -- $$settings run.repeats=$(REPEATS)"; \
 			$(PY) -m evaluation.run.interleave $$(echo $$methods | tr , ' ' | sed 's/[^ ]*/method=&/g') \
@@ -89,7 +93,7 @@ bench: setup data  ## [~25 min] every method on a Spec-Bench slice (REPEATS=3: t
 			done;; \
 		*) echo "error: bad value for SCHEDULE: '$(SCHEDULE)' (interleaved or sequential)" >&2; exit 2;; \
 	esac
-	$(PY) -m evaluation.report
+	$(PY) -m evaluation.report --results $(OUT)/runs --out $(OUT)
 
 # The trained-draft families side by side on the bench slice (interleaved, one process), with EAGLE-2's and Gumiho's
 # reduced draft vocabularies (method.draft_vocab); the report set goes to results/families/.
@@ -107,11 +111,11 @@ bench-families: setup data  ## [~45 min] eagle, eagle2, eagle3, gumiho, medusa a
 	$(PY) -m evaluation.tools.family_table --report results/families
 	$(PY) -m evaluation.report.figures --results results/runs/families --out results/families/figures
 
-report: setup  ## [seconds] rebuild results/report.md and .csv from the saved runs
-	$(PY) -m evaluation.report
+report: setup  ## [seconds] rebuild results/report.md and .csv from the saved runs (OUT=...: another set's)
+	$(PY) -m evaluation.report --results $(OUT)/runs --out $(OUT)
 
-figures: setup  ## [<1 min] Table 1, the published Spec-Bench table and the figures (results/figures)
-	$(PY) -m evaluation.report.figures
+figures: setup  ## [<1 min] Table 1, the published Spec-Bench table and the figures (results/figures; OUT=...)
+	$(PY) -m evaluation.report.figures --results $(OUT)/runs --out $(OUT)/figures
 
 ABLATIONS := $(sort $(basename $(notdir $(wildcard conf/experiment/ablation_*.yaml))))
 ablations: setup data  ## [~45 min] LogitSpec ablation sweeps (conf/experiment/ablation_*.yaml) into results/ablations

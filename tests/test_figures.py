@@ -165,6 +165,20 @@ def test_a_method_published_only_for_a_larger_model_brings_that_models_rows():
     assert published_table(load_published(path), ["pld"]).model.unique().tolist() == ["Vicuna-7B-v1.3"]
 
 
+def test_the_self_draft_is_read_beside_spss_row_and_sps_keeps_it():
+    from evaluation.report.figures.tables import default_published_csv, load_published, published_table
+
+    path = default_published_csv()
+    if path is None:
+        pytest.skip("no shared/reference beside the checkout")
+    published = load_published(path)
+    alone = published_table(published, ["sps-self", "medusa", "hydra"])
+    assert {"SpS", "Medusa", "Hydra"} <= set(alone.published_method)
+    assert set(alone[alone.published_method == "SpS"].method) == {"sps-self"}
+    both = published_table(published, ["sps-self", "sps"])  # the method it was published for wins the row
+    assert set(both[both.published_method == "SpS"].method) == {"sps"}
+
+
 def test_acceptance_lengths_and_colours(runs):
     df = figures.with_settings(figures.report.load_runs(runs[0]))
     lengths = figures.accept_lengths(df)

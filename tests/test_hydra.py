@@ -147,3 +147,14 @@ def test_options_are_checked(lm):
         import dataclasses
 
         Hydra(Hydra.Config(), dataclasses.replace(lm, name="no-such-model"))
+
+
+@pytest.mark.skipif(not Hydra.ready_for("smollm2-135m"), reason="no Hydra heads committed for the embedded model")
+def test_the_committed_heads_are_lossless_and_accept_drafts(lm, assert_lossless):
+    """medusa/drafts/hydra/<model>/, what `make bench` runs for hydra: exact, and trained (their reduced vocabulary
+    mapped back to the target's ids: random heads' drafts are almost never accepted)."""
+    method = Hydra(Hydra.Config(), lm)
+    assert method.heads.vocab_ids is not None and method.heads.vocab < lm.model.config.vocab_size
+    results = assert_lossless(method, names=("q81-turn2", "q241"))
+    tokens = sum(len(r.new_ids) for r in results.values())
+    assert tokens > 1.05 * sum(r.steps for r in results.values())

@@ -1,12 +1,13 @@
-"""The trained-draft families side by side, from a report of `make bench-families`: one row per method setting.
+"""The trained-draft families side by side, from a report of `make bench-families` (or of any bench set): one row
+per method setting, with what a step costs.
 
-    python -m evaluation.tools.family_table [--report results/families]
+    python -m evaluation.tools.family_table [--report results/families] [--name families]
 
 Reads the report's `report.csv` (overall rows) and `lossless.csv`, and the runs' manifests for the machine, commit
 and settings; writes `families.csv` (the table) and `families.md` (where and how it was measured, then the table)
-beside them. Drafting per step is split into its parts: the draft's decoder layers (`serial`), Gumiho's MLP heads
-(`mlp`), the vocabulary head (`head`: the projection onto the draft vocabulary, what `draft_vocab` shrinks) and
-choosing the tree (`select`).
+beside them (`--name` names them otherwise). Drafting per step is split into its parts: the draft's decoder layers
+(`serial`), Gumiho's MLP heads (`mlp`), the vocabulary head (`head`: the projection onto the draft vocabulary,
+what `draft_vocab` shrinks) and choosing the tree (`select`).
 """
 
 from __future__ import annotations
@@ -59,11 +60,12 @@ def family_table(folder: Path) -> tuple[pd.DataFrame, str]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--report", default="results/families", type=Path)
+    parser.add_argument("--name", default="families", help="the files written: <name>.csv and <name>.md")
     args = parser.parse_args(argv)
     table, where = family_table(args.report)
-    write_text(args.report / "families.csv", table.to_csv(index=False))
-    write_text(args.report / "families.md", f"{where}\n\n{table.to_markdown(index=False)}\n")
-    print(f"Written: {args.report / 'families.csv'}, {args.report / 'families.md'}")
+    write_text(args.report / f"{args.name}.csv", table.to_csv(index=False))
+    write_text(args.report / f"{args.name}.md", f"{where}\n\n{table.to_markdown(index=False)}\n")
+    print(f"Written: {args.report / f'{args.name}.csv'}, {args.report / f'{args.name}.md'}")
 
 
 if __name__ == "__main__":

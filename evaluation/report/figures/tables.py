@@ -101,7 +101,10 @@ def published_table(published: pd.DataFrame, methods=None, model: str = PUBLISHE
     rows too, every one of our methods among them, so it is read beside its neighbours there.
     """
     methods = available_methods() if methods is None else sorted({"vanilla", *methods}, key=method_sort_key)
-    names = {published: m for m in methods for published in method_display(m).published_names}
+    names: dict[str, str] = {}  # published name -> the first of our methods (in table order) read beside it
+    for m in methods:
+        for name in method_display(m).published_names:
+            names.setdefault(name, m)
     ref = published[published["table"].isin(PUBLISHED_TABLES) & published["method"].isin(names)]
     at_model = set(ref[ref["model"] == model].method.map(names))
     models = [model, *sorted({row.model for row in ref.itertuples()
