@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from evaluation.tools.upstream_parity import (JOBS, TREES, UPSTREAM_EAGLE_KEYS, compare, first_difference, run_ours,
-                                              side_model, write_upstream_eagle_draft)
+from evaluation.tools.upstream_parity import (JOBS, TREES, UPSTREAM_EAGLE_KEYS, compare, first_difference,
+                                              hydra_heads_over_the_whole_vocabulary, run_ours, side_model,
+                                              write_upstream_eagle_draft, write_upstream_hydra_heads,
+                                              write_upstream_medusa_heads)
 
 # Spec-Bench's model/eagle/choices.py at fd2c1cd, as written there: the only tree its EAGLE-1 draft grows.
 UPSTREAM_MC_SIM_7B_63 = [[0], [1], [2], [3], [0, 0], [0, 1], [0, 2], [1, 0], [1, 1], [2, 0], [2, 1], [3, 0],
@@ -61,6 +63,11 @@ def test_our_side_records_what_upstream_records(lm, lossless_prompts):
     # Lookahead's first window goes with upstream's prefill: the first recorded forward is window step 2, the
     # pending token then 8 + 9 window tokens in level order (no guesses yet).
     assert [len(fed) for fed in ours[0]["fed"]] == [1 + 8 + 9, 1 + 7 + 8 + 8]
+    # Medusa and Hydra: the pending token then the 63 nodes of mc_sim_7b_63, as upstream's tree_candidates
+    for method in ("medusa", "hydra"):
+        ours = run_ours(lm, method, [prompt], 4, {"heads": "random"})
+        assert [len(fed) for fed in ours[0]["fed"]] == [1 + 63, 1 + 63]
+        assert ours[0]["fed"][0][0] == ours[0]["tokens"][0]  # the pending token: the prefill's
 
 
 def test_eagle_jobs_hand_upstream_our_draft_as_its_eamodel_loads_it(lm, tmp_path):
@@ -105,3 +112,63 @@ def test_only_an_eagle_draft_is_handed_to_upstreams_eagle(lm, tmp_path):
     gumiho = GumihoDraft.for_target(lm.model, mlp_num=1, layers=2)
     with pytest.raises(SystemExit, match="gumiho draft"):
         write_upstream_eagle_draft(gumiho, lm.model.config.to_dict(), tmp_path / "draft")
+
+
+def test_medusa_heads_are_written_in_upstreams_layout_and_read_back_by_ours(tmp_path):
+    """`medusa_lm_head.pt` as `MedusaModel.medusa_head` names it (block `{k}.0.linear`, projection `{k}.1` without a
+    bias) and its config; our loader reads the same file back exactly. Reduced-vocabulary heads are refused."""
+    from medusa.heads import MedusaHeads, load_heads
+    from tests.test_gumiho import tiny_target
+
+    target = tiny_target()
+    torch.manual_seed(1)
+    heads = MedusaHeads.for_target(target, num_heads=3)
+    folder = write_upstream_medusa_heads(heads, tmp_path / "medusa")
+    state = torch.load(folder / "medusa_lm_head.pt", weights_only=True)
+    hidden, vocab = target.config.hidden_size, target.config.vocab_size
+    assert {key: tuple(value.shape) for key, value in state.items()} == {
+        **{f"{k}.0.linear.weight": (hidden, hidden) for k in range(3)},
+        **{f"{k}.0.linear.bias": (hidden,) for k in range(3)},
+        **{f"{k}.1.weight": (vocab, hidden) for k in range(3)}}
+    assert json.loads((folder / "config.json").read_text())["medusa_num_heads"] == 3
+    back = load_heads(str(folder), target, 3)
+    assert all(torch.equal(back.state_dict()[key], value) for key, value in heads.state_dict().items())
+    reduced = MedusaHeads.for_target(target, num_heads=3, vocab_ids=torch.arange(0, vocab, 2))
+    with pytest.raises(SystemExit, match="reduced"):
+        write_upstream_medusa_heads(reduced, tmp_path / "reduced")
+
+
+def test_hydra_heads_carry_the_targets_own_embedding_for_upstream(tmp_path):
+    """Upstream loads `input_embed_fn.weight` into the target's embedding (tied to its head here): the file holds
+    the target's own, bit for bit. Our loader reads the same file back exactly."""
+    from medusa.hydra_heads import HydraHeads, load_hydra_heads
+    from tests.test_gumiho import tiny_target
+
+    target = tiny_target()
+    torch.manual_seed(2)
+    heads = HydraHeads.for_target(target, num_heads=2, num_layers=2)
+    folder = write_upstream_hydra_heads(heads, target.get_input_embeddings().weight, tmp_path / "hydra")
+    state = torch.load(folder / "hydra_lm_head.pt", weights_only=True)
+    assert torch.equal(state["input_embed_fn.weight"], target.get_input_embeddings().weight)
+    assert {"prefix_embeding_layer.norm.weight", "hydra_mlp.1.1.res_connection.weight", "hydra_mlp.1.3.linear.bias",
+            "hydra_lm_head.1.1.bias"} <= set(state)
+    back = load_hydra_heads(str(folder), target)
+    assert all(torch.equal(back.state_dict()[key], value) for key, value in heads.state_dict().items())
+
+
+def test_trained_hydra_heads_over_the_whole_vocabulary_draft_the_same_tokens():
+    """Reduced-vocabulary heads widened for upstream: every head's top-10 target ids are the reduced heads'."""
+    from medusa.hydra_heads import HydraHeads
+    from tests.test_gumiho import tiny_target
+
+    target = tiny_target()
+    torch.manual_seed(4)
+    reduced = HydraHeads.for_target(target, num_heads=2, num_layers=2, vocab_ids=torch.arange(1, 64, 3)).eval()
+    for head in reduced.heads:
+        torch.nn.init.normal_(head.lm_head.bias, std=3.0)  # trained biases are not zero
+    full = hydra_heads_over_the_whole_vocabulary(reduced, target.config)
+    assert full.vocab_ids is None and full.vocab == target.config.vocab_size
+    for i in range(2):
+        x = torch.randn(5, (i + 2) * target.config.hidden_size)
+        ours = reduced.target_ids(reduced.heads[i](x).topk(10, dim=-1).indices)
+        assert torch.equal(full.heads[i](x).topk(10, dim=-1).indices, ours)

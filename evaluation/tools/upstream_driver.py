@@ -11,6 +11,7 @@ the first forwards fed (the first steps' trees) and the seconds taken.
 
 from __future__ import annotations
 
+import copy
 import importlib
 import importlib.machinery
 import json
@@ -242,12 +243,97 @@ def load_eagle2(job: dict):
     return base, run
 
 
+def check_tree(job: dict, upstream_tree: list, name: str) -> None:
+    """Our static tree must be the one upstream's script runs (its `mc_sim_7b_63`)."""
+    if sorted(map(tuple, job["tree_choices"])) != sorted(map(tuple, upstream_tree)):
+        raise SystemExit(f"error: our {name} tree is not upstream's mc_sim_7b_63, the tree its script runs")
+
+
+def check_loaded(loaded, module: torch.nn.Module, unused: tuple[str, ...] = ()) -> None:
+    """Upstream loads heads with `strict=False`, which skips what a file lacks: every key must have been read,
+    except `unused` ones, RoPE's frequencies (computed from the config) and keys of a module registered twice
+    (Hydra's repeated block) whose other name was read."""
+    params = module.state_dict(keep_vars=True)
+    read = {id(params[key]) for key in params if key not in loaded.missing_keys}
+    skipped = [key for key in loaded.missing_keys
+               if key not in unused and not key.endswith("rotary_emb.inv_freq") and id(params[key]) not in read]
+    if skipped or loaded.unexpected_keys:
+        raise SystemExit(f"error: the heads file does not fit upstream's heads: missing {skipped}, "
+                         f"unexpected {loaded.unexpected_keys}")
+
+
+def load_medusa(job: dict):
+    """Medusa-1 (Spec-Bench `evaluation/inference_medusa.py`, `model/medusa/`): its target with a preallocated cache
+    and its `MedusaModel` built as `MedusaModel.from_pretrained` builds it with the script's 4 heads, from the
+    heads file the tool wrote, decoded by Spec-Bench's `medusa_forward` with `mc_sim_7b_63` at temperature 0. The
+    accepted lengths are the ones `medusa_forward` keeps (each step's accepted drafts plus one)."""
+    medusa_model = importlib.import_module("model.medusa.medusa_model")
+    choices = importlib.import_module("model.medusa.medusa_choices")
+    inference = importlib.import_module("evaluation.inference_medusa")
+    check_tree(job, choices.mc_sim_7b_63, "Medusa")
+    config = json.loads(open(os.path.join(job["heads"], "config.json")).read())
+    base = medusa_model.KVLlamaForCausalLM.from_pretrained(job["model"], torch_dtype=torch.float32).eval()
+    model = medusa_model.MedusaModel(base, job["num_heads"], config["medusa_num_layers"], job["model"])
+    state = torch.load(os.path.join(job["heads"], "medusa_lm_head.pt"), map_location="cpu")
+    check_loaded(model.medusa_head.load_state_dict(state, strict=False), model.medusa_head)
+    model.eval()
+    tokenizer = SimpleNamespace(eos_token_id=job["eos"])
+
+    def run(prompt: list[int]):
+        ids, _, _, lengths = inference.medusa_forward(
+            SimpleNamespace(input_ids=torch.tensor([prompt])), model, tokenizer, job["max_new_tokens"],
+            medusa_choices=choices.mc_sim_7b_63, temperature=0.0)
+        return ids[0, len(prompt):].tolist(), [int(x) for x in lengths]
+
+    return base, run
+
+
+def load_hydra(job: dict):
+    """Hydra++ (Spec-Bench `evaluation/inference_hydra.py`, `model/hydra/`, `prefix-mlp` grounded heads): its
+    target and its `HydraModel` built as `HydraModel.from_pretrained` builds it from the heads folder the tool
+    wrote, decoded by Spec-Bench's `hydra_forward` with `mc_sim_7b_63` at temperature 0; accepted lengths as
+    `hydra_forward` keeps them."""
+    hydra_model = importlib.import_module("model.hydra.hydra_model")
+    choices = importlib.import_module("model.hydra.hydra_choices")
+    inference = importlib.import_module("evaluation.inference_hydra")
+    check_tree(job, choices.mc_sim_7b_63, "Hydra")
+    config = json.loads(open(os.path.join(job["heads"], "config.json")).read())
+    base = hydra_model.KVLlamaForCausalLM.from_pretrained(job["model"], torch_dtype=torch.float32).eval()
+    embedding = base.model.embed_tokens.weight.detach().clone()
+    model = hydra_model.HydraModel(base, config["hydra_num_heads"], config["hydra_num_layers"],
+                                   config["hydra_head_arch"], job["model"], config["grounded_heads"],
+                                   config["hidden_state_offset"])
+    state = torch.load(os.path.join(job["heads"], "hydra_lm_head.pt"), map_location="cpu")
+    # The prefix layer's own token embedding is never used (it reads the target's states as `inputs_embeds`).
+    check_loaded(model.hydra_head.load_state_dict(state, strict=False), model.hydra_head,
+                 unused=("prefix_embeding_layer.embed_tokens.weight",))
+    # `input_embed_fn` is the target's embedding module (tied to its head): loading the file wrote the stored copy
+    # into it, which must be the target's own.
+    if not torch.equal(base.model.embed_tokens.weight, embedding):
+        raise SystemExit("error: the heads file's input_embed_fn.weight changed the target's embedding")
+    # The heads embed drafted tokens through a copy of the same weights, so that `FedIds` sees target forwards only.
+    model.hydra_head.input_embed_fn = copy.deepcopy(base.model.embed_tokens)
+    model.eval()
+    tokenizer = SimpleNamespace(eos_token_id=job["eos"])
+
+    def run(prompt: list[int]):
+        ids, _, _, lengths = inference.hydra_forward(
+            SimpleNamespace(input_ids=torch.tensor([prompt])), model, tokenizer, job["max_new_tokens"],
+            hydra_choices=choices.mc_sim_7b_63, temperature=0.0)
+        return ids[0, len(prompt):].tolist(), [int(x) for x in lengths]
+
+    return base, run
+
+
 LOADERS = {
     "eagle": load_eagle,
     "eagle2": load_eagle2,
     "gumiho": load_gumiho,
+    "hydra": load_hydra,
+    "hydra-trained": load_hydra,
     "lookahead": load_lookahead,
     "logitspec": load_logitspec,
+    "medusa": load_medusa,
     "rest": load_rest,
     "recycling": load_recycling,
     "sam": lambda job: load_sam(job, "token_recycle"),

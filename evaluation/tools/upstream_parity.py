@@ -8,10 +8,12 @@
 1. builds a side environment once (`~/.cache/specdec-harness/upstream-env`): transformers 4.37.1, tokenizers
    0.15.2 and huggingface_hub 0.20.3 installed without dependencies, everything else (this project's CPU torch
    included) read from this project's environment;
-2. copies each upstream's `model/` and `evaluation/` and patches them only for the device (CUDA to CPU; REST's
-   cache for grouped-query attention; the RoPE base of Spec-Bench's EAGLE-1 files), and writes the embedded model's
-   config in the form transformers 4.37 reads (`rope_theta`); for REST it builds Spec-Bench's DraftRetriever (Rust)
-   with cargo; for Gumiho, EAGLE-1 and EAGLE-2 it hands upstream our committed draft in the form upstream reads;
+2. copies each upstream's `model/` and `evaluation/` and patches them only for the device (CUDA to CPU; REST's,
+   Medusa's and Hydra's caches for grouped-query attention; the RoPE base of Spec-Bench's EAGLE-1, Medusa and
+   Hydra files), and writes the embedded model's config in the form transformers 4.37 reads (`rope_theta`); for
+   REST it builds Spec-Bench's DraftRetriever (Rust) with cargo; for Gumiho, EAGLE-1 and EAGLE-2 it hands upstream
+   our committed draft in the form upstream reads; for Medusa and Hydra, seeded random heads written in upstream's
+   layout, which both sides read;
 3. decodes the first turn of each question in order with our method (defaults: upstream's settings; one method
    object for all prompts, so state carried across questions is carried on both sides) and with upstream's loop,
    float32, one thread, the same prompt ids;
@@ -43,16 +45,25 @@ SPEC_BENCH_PINS = ("transformers==4.37.1", "tokenizers==0.15.2", "huggingface_hu
 GUMIHO_PINS = ("transformers==4.36.2", "tokenizers==0.15.2", "huggingface_hub==0.20.3", "loguru==0.7.2",
                "addict==2.4.0")
 TREES = 2  # the first tree steps whose fed ids are compared
-# Upstream files patched for the CPU (and one for the model): (path, text, replacement); every other line runs as
+# Spec-Bench's preallocated caches (REST's, Medusa's, Hydra's, all from Medusa's `kv_cache.py`) hold as many
+# key/value heads as query heads (Vicuna's); SmolLM2 has 3 for 9, and its attention writes 3.
+KV_HEADS = ("        config.num_attention_heads,\n        config.max_position_embeddings,",
+            "        config.num_key_value_heads,\n        config.max_position_embeddings,")
+# Spec-Bench's EAGLE-1, Medusa and Hydra Llama files build RoPE with the default base 10000 whatever the config says
+# (their Vicuna targets use 10000; EAGLE-2's copy reads `rope_theta`). SmolLM2's base is 100000.
+ROPE_BASE = ("                self.head_dim, max_position_embeddings=self.max_position_embeddings\n            )",
+             "                self.head_dim, max_position_embeddings=self.max_position_embeddings,"
+             "base=self.config.rope_theta\n            )")
+# Upstream files patched for the CPU (and a few for the model): (path, text, replacement); every other line runs as
 # upstream wrote it.
 DEVICE_PATCHES = (
     ("evaluation/inference_lookahead.py", ".cuda()", ".to('cpu')"),
     ("evaluation/inference_recycling.py", ".cuda()", ".to('cpu')"),
     ("evaluation/inference_recycling.py", "torch.device('cuda:0')", "torch.device('cpu')"),
-    # Not the device but the model: REST's preallocated cache assumes as many key/value heads as query heads
-    # (Vicuna's); SmolLM2 has 3 for 9. The cache is sized by the key/value heads, as its attention writes them.
-    ("model/rest/rest/model/kv_cache.py", "        config.num_attention_heads,\n        config.max_position_embeddings,",
-     "        config.num_key_value_heads,\n        config.max_position_embeddings,"),
+    # Not the device but the model: the cache sized by the key/value heads (KV_HEADS).
+    ("model/rest/rest/model/kv_cache.py", *KV_HEADS),
+    ("model/medusa/kv_cache.py", *KV_HEADS),
+    ("model/hydra/kv_cache.py", *KV_HEADS),
     ("model/logitspec/logitspec.py", "torch.device('cuda:0')", "torch.device('cpu')"),
     # Gumiho compiles its MLP heads for the GPU (torch.compile max-autotune, CUDA synchronisation) after casting
     # them to float16, a no-op for its float16 models; on the CPU in float32 they stay as loaded.
@@ -61,17 +72,15 @@ DEVICE_PATCHES = (
     ("gumiho/model/cnets.py", "head(out_hidden[0].half())", "head(out_hidden[0].to(head.weight.dtype))"),
     ("gumiho/model/cnets.py", "head(_out_hidden.half())", "head(_out_hidden.to(head.weight.dtype))"),
     ("evaluation/inference_eagle2.py", ".cuda()", ".to('cpu')"),
-    # Not the device but the model: Spec-Bench's EAGLE-1 target and draft build RoPE with the default base 10000,
-    # whatever the config says (its Vicuna targets use 10000; its EAGLE-2 copy of both files reads `rope_theta`).
-    # SmolLM2's base is 100000, and our draft was trained on it: both read `rope_theta`, as EAGLE-2's files do.
-    ("model/eagle/modeling_llama_kv.py",
-     "                self.head_dim, max_position_embeddings=self.max_position_embeddings\n            )",
-     "                self.head_dim, max_position_embeddings=self.max_position_embeddings,base=self.config.rope_theta\n"
-     "            )"),
+    # Not the device but the model: the targets (and EAGLE-1's draft, Hydra's prefix layer, built from the same
+    # file) read `rope_theta` (ROPE_BASE); our EAGLE draft was trained on SmolLM2's base.
+    ("model/eagle/modeling_llama_kv.py", *ROPE_BASE),
     ("model/eagle/cnets.py",
      "LlamaRotaryEmbedding(self.head_dim, max_position_embeddings=self.max_position_embeddings)",
      "LlamaRotaryEmbedding(self.head_dim, max_position_embeddings=self.max_position_embeddings, "
      "base=getattr(self.config, 'rope_theta', 10000))"),
+    ("model/medusa/modeling_llama_kv.py", *ROPE_BASE),
+    ("model/hydra/modeling_llama_kv.py", *ROPE_BASE),
 )
 # The parameters of EAGLE-1/2's draft (`Model` in Spec-Bench's model/eagle*/cnets.py) besides its embedding, which
 # upstream's checkpoints hold as a copy of the target's and ours shares with the target. Our draft
@@ -104,7 +113,7 @@ GUMIHO = Upstream("--gumiho", "AMD-AIG-AIMA/Gumiho", "9a1bc87", "gumiho/model/gu
                   GUMIHO_PINS)
 UPSTREAMS = (SPEC_BENCH, LOGITSPEC, GUMIHO)
 # Spec-Bench's methods, compared by default (with --logitspec and --gumiho, theirs too).
-DEFAULT_METHODS = "recycling,sam,sam-no-fallback,lookahead,rest,eagle,eagle2"
+DEFAULT_METHODS = "recycling,sam,sam-no-fallback,lookahead,rest,eagle,eagle2,medusa,hydra"
 # Where each method's upstream loop lives (Spec-Bench unless named here).
 UPSTREAM_OF = {"logitspec": LOGITSPEC, "gumiho": GUMIHO}
 
@@ -236,11 +245,14 @@ def first_difference(ours: list[int], past: list[int], upstream: list[int], lear
     return None if len(rest) == len(past) else len(ours) + len(past)
 
 
-def run_ours(lm, method_name: str, prompts: list[list[int]], max_new_tokens: int) -> list[dict]:
+def run_ours(lm, method_name: str, prompts: list[list[int]], max_new_tokens: int,
+             options: dict | None = None) -> list[dict]:
+    """Our method with upstream's settings (UPSTREAM_OPTIONS) and `options` (what its job hands both sides)."""
     from evaluation.engine import decode_turn
     from evaluation.tools.half_precision import build_method
 
-    method = build_method(lm, method_name, **UPSTREAM_OPTIONS.get(method_name, {}))
+    method = build_method(lm, OUR_CONFIG.get(method_name, method_name),
+                          **{**UPSTREAM_OPTIONS.get(method_name, {}), **(options or {})})
     fed: list[list[int]] = []
     draft = method.draft
 
@@ -356,6 +368,87 @@ def eagle_job(lm, scratch: Path, method_name: str) -> dict:
     return job
 
 
+def write_upstream_medusa_heads(heads, folder: Path) -> Path:
+    """Medusa heads as upstream's release lays them out: `medusa_lm_head.pt` (our state dict has its keys
+    `{k}.{i}.linear.weight|bias`, `{k}.{n}.weight`) and `config.json`, in the dtype our side runs them. Upstream's
+    projection has no bias, so only heads over the whole vocabulary can be written exactly."""
+    import torch
+
+    if heads.vocab_ids is not None:
+        raise SystemExit("error: upstream's Medusa projects onto the whole vocabulary, without a bias; these heads "
+                         "cover a reduced one")
+    state = {key: value.detach().to("cpu").contiguous() for key, value in heads.state_dict().items()}
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.save(state, folder / "medusa_lm_head.pt")
+    config = {"medusa_num_heads": heads.num_heads, "medusa_num_layers": heads.num_layers,
+              "base_model_name_or_path": heads.base_model}
+    (folder / "config.json").write_text(json.dumps(config, indent=1) + "\n")
+    return folder
+
+
+def write_upstream_hydra_heads(heads, embedding, folder: Path) -> Path:
+    """Hydra heads as upstream's release lays them out (`medusa.hydra_heads.save_upstream`: `hydra_lm_head.pt`,
+    `config.json`), plus `input_embed_fn.weight` as the releases hold it: upstream loads that key into the
+    target's own embedding (tied to its head on SmolLM2), so it is the target's `embedding`, bit for bit, and
+    changes nothing (the driver checks)."""
+    import torch
+
+    from medusa.hydra_heads import save_upstream
+
+    if heads.vocab_ids is not None:
+        raise SystemExit("error: these Hydra heads cover a reduced vocabulary; upstream's cover the whole one")
+    save_upstream(heads, folder, heads.base_model)
+    state = torch.load(folder / "hydra_lm_head.pt", map_location="cpu", weights_only=True)
+    state["input_embed_fn.weight"] = embedding.detach().to("cpu").clone()
+    torch.save(state, folder / "hydra_lm_head.pt")
+    return folder
+
+
+def hydra_heads_over_the_whole_vocabulary(heads, target_config):
+    """Trained Hydra heads over a reduced vocabulary (`vocab_ids`) as heads over the target's whole one, for
+    upstream: the projection rows of the other tokens zero with a bias of -1e4, so their logits (-1e4) stay below
+    every drafted token's and each head's top-k is the reduced heads' top-k, mapped to target ids."""
+    from medusa.hydra_heads import HydraHeads
+
+    full = HydraHeads(target_config, heads.num_heads, heads.num_layers, heads.prefix)
+    state = {key: value for key, value in heads.state_dict().items() if key != "vocab_ids"}
+    ids = heads.vocab_ids.long().cpu()
+    for i in range(heads.num_heads):
+        weight, bias = state[f"heads.{i}.lm_head.weight"], state[f"heads.{i}.lm_head.bias"]
+        state[f"heads.{i}.lm_head.weight"] = weight.new_zeros(target_config.vocab_size, weight.shape[1])
+        state[f"heads.{i}.lm_head.weight"][ids] = weight
+        state[f"heads.{i}.lm_head.bias"] = bias.new_full((target_config.vocab_size,), -1e4)
+        state[f"heads.{i}.lm_head.bias"][ids] = bias
+    full.load_state_dict(state)
+    return full.eval()
+
+
+def heads_job(lm, scratch: Path, method_name: str) -> dict:
+    """Medusa (`medusa`) or Hydra (`hydra`): our heads built with `heads=random` (seeded; our committed Medusa heads
+    cover a reduced vocabulary upstream cannot load), written in upstream's layout over the whole vocabulary;
+    `hydra-trained`: our committed Hydra heads, over the whole vocabulary as `hydra_heads_over_the_whole_vocabulary`
+    writes them. Both sides then read that one folder: upstream as its `from_pretrained` does, ours as
+    `method.heads=<folder>`. The tree goes along for the driver to check it is upstream's `mc_sim_7b_63`, the one
+    its scripts run."""
+    from evaluation.tools.half_precision import build_method
+    from medusa.tree import STATIC_TREES
+
+    config_name = OUR_CONFIG.get(method_name, method_name)
+    heads = None if method_name == "hydra-trained" else "random"
+    method = build_method(lm, config_name, **{**UPSTREAM_OPTIONS.get(method_name, {}), "heads": heads})
+    folder = scratch / f"{method_name}-heads"
+    if config_name == "medusa":
+        write_upstream_medusa_heads(method.heads, folder)
+    else:
+        written = method.heads
+        if written.vocab_ids is not None:
+            written = hydra_heads_over_the_whole_vocabulary(written, lm.model.config)
+        write_upstream_hydra_heads(written, lm.model.get_input_embeddings().weight, folder)
+    return {"heads": str(folder), "num_heads": method.config.num_heads,
+            "tree_choices": [list(path) for path in STATIC_TREES[method.config.tree]],
+            "ours": {"heads": str(folder)}}
+
+
 def lookahead_job(lm) -> dict:
     from evaluation.tools.half_precision import build_method
 
@@ -365,6 +458,8 @@ def lookahead_job(lm) -> dict:
 
 # Our options that differ from upstream's by default, set to upstream's for the comparison.
 UPSTREAM_OPTIONS = {"lookahead": {"full_match_bonus": False}}
+# Methods compared under another name than their config's: our committed (trained) Hydra heads.
+OUR_CONFIG = {"hydra-trained": "hydra"}
 # Methods whose upstream breaks ties in hash order, random per process: upstream runs twice, to show it differs
 # from itself (REST's draftretriever, quirk (b) in docs/methods/rest.md).
 RANDOM_UPSTREAM = {"rest"}
@@ -373,7 +468,10 @@ WINDOW_IN_PREFILL = {"lookahead"}
 JOBS = {"rest": rest_job, "lookahead": lambda lm, scratch: lookahead_job(lm),
         "logitspec": lambda lm, scratch: logitspec_job(lm), "gumiho": gumiho_job,
         "eagle": lambda lm, scratch: eagle_job(lm, scratch, "eagle"),
-        "eagle2": lambda lm, scratch: eagle_job(lm, scratch, "eagle2")}
+        "eagle2": lambda lm, scratch: eagle_job(lm, scratch, "eagle2"),
+        "medusa": lambda lm, scratch: heads_job(lm, scratch, "medusa"),
+        "hydra": lambda lm, scratch: heads_job(lm, scratch, "hydra"),
+        "hydra-trained": lambda lm, scratch: heads_job(lm, scratch, "hydra-trained")}
 
 
 def upstream_commit(checkout: Path) -> str:
@@ -443,7 +541,7 @@ def main(argv: list[str] | None = None) -> None:
     unknown = [m for m in methods if f'"{m}":' not in driver]
     if unknown:
         raise SystemExit(f"error: no upstream loop for {', '.join(unknown)} (known: eagle, eagle2, gumiho, "
-                         "lookahead, logitspec, rest, recycling, sam, sam-no-fallback)")
+                         "hydra, hydra-trained, lookahead, logitspec, medusa, rest, recycling, sam, sam-no-fallback)")
     checkouts = {}
     for method in methods:
         upstream = UPSTREAM_OF.get(method, SPEC_BENCH)
@@ -491,6 +589,7 @@ def main(argv: list[str] | None = None) -> None:
         python = side_environment(default_cache_dir(), upstream.pins)
         copy = copies[upstream]
         extra = JOBS[method](lm, scratch) if method in JOBS else {}
+        ours = extra.pop("ours", {})  # our options set by the job (the heads folder both sides read)
         try:
             if method == "rest":
                 draftretriever_installed(python, checkouts[SPEC_BENCH])
@@ -500,7 +599,7 @@ def main(argv: list[str] | None = None) -> None:
             rows.append({"method": method, "prompt": "all", "upstream_error": str(failure).splitlines()[-1]})
             continue
         side_versions[upstream] = theirs["transformers"]
-        mine = run_ours(lm, method, prompts, args.max_new_tokens)
+        mine = run_ours(lm, method, prompts, args.max_new_tokens, ours)
         compared = compare(method, names, mine, theirs["results"], args.max_new_tokens)
         if method in RANDOM_UPSTREAM:  # does upstream agree with itself? a second process, the same prompts
             again = run_upstream(python, copy, model, method, prompts, eos, args.max_new_tokens, scratch, extra)
