@@ -21,18 +21,20 @@ def draft_curves(drafts_dir: str | Path) -> dict[str, Path]:
 
 def family_curves(root: str | Path, model: str) -> dict[str, pd.DataFrame]:
     """The training curves of the committed drafts of every family for `model`, by family (the Gumiho draft under
-    gumiho/drafts/, EAGLE's and EAGLE-3's under eagle/drafts/<family>/, Medusa's heads under medusa/drafts/medusa/),
-    those that exist."""
+    gumiho/drafts/, EAGLE's and EAGLE-3's under eagle/drafts/<family>/, Medusa's and Hydra's heads under
+    medusa/drafts/<family>/), those that exist."""
     root = Path(root)
     paths = {"gumiho": root / "gumiho" / "drafts" / model / "curve.csv",
              "eagle": root / "eagle" / "drafts" / "eagle" / model / "curve.csv",
              "eagle3": root / "eagle" / "drafts" / "eagle3" / model / "curve.csv",
-             "medusa": root / "medusa" / "drafts" / "medusa" / model / "curve.csv"}
+             "medusa": root / "medusa" / "drafts" / "medusa" / model / "curve.csv",
+             "hydra": root / "medusa" / "drafts" / "hydra" / model / "curve.csv"}
     return {family: pd.read_csv(path) for family, path in paths.items() if path.is_file()}
 
 
 FAMILY_TITLES = {"gumiho": "Gumiho (2 serial layers, 5 MLP heads)", "eagle": "EAGLE (1 layer)",
-                 "eagle3": "EAGLE-3 (fused features, training-time test)", "medusa": "Medusa (4 heads)"}
+                 "eagle3": "EAGLE-3 (fused features, training-time test)", "medusa": "Medusa (4 heads)",
+                 "hydra": "Hydra++ (prefix layer, 4 heads)"}
 
 
 def plot_family_curves(curves: dict[str, pd.DataFrame], model: str, depths=(1, 2, 3, 4)):
