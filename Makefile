@@ -129,7 +129,7 @@ ablations: setup data  ## [~45 min] LogitSpec ablation sweeps (conf/experiment/a
 SPEC_BENCH ?=
 LOGITSPEC ?=
 GUMIHO ?=
-upstream-parity: setup data  ## [~25 min; side environments once] our methods beside their upstream code, step for step (SPEC_BENCH=<clone> [LOGITSPEC=<clone>] [GUMIHO=<clone>])
+upstream-parity: setup data  ## [~50 min; side environments once] our methods beside their upstream code, step for step (SPEC_BENCH=<clone> [LOGITSPEC=<clone>] [GUMIHO=<clone>])
 	@[ -n "$(SPEC_BENCH)" ] || { echo "error: give SPEC_BENCH=<a clone of hemingkx/Spec-Bench at fd2c1cd>" >&2; exit 2; }
 	$(PY) -m evaluation.tools.upstream_parity --spec-bench $(SPEC_BENCH) $(if $(LOGITSPEC),--logitspec $(LOGITSPEC)) \
 		$(if $(GUMIHO),--gumiho $(GUMIHO))

@@ -523,6 +523,9 @@ def compare(method: str, names: list[str], ours: list[dict], upstream: list[dict
 
 
 def main(argv: list[str] | None = None) -> None:
+    from evaluation.provenance import commit
+
+    code = commit()  # the code that runs: read now, not when the files are written (the tree may move meanwhile)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     for upstream in UPSTREAMS:
         parser.add_argument(upstream.option, type=Path,
@@ -555,7 +558,6 @@ def main(argv: list[str] | None = None) -> None:
 
     from evaluation.engine.device import cpu_name
     from evaluation.models import default_cache_dir
-    from evaluation.provenance import commit
     from evaluation.questions import load_questions
     from evaluation.templates import build_prompt_ids
     from evaluation.tools.half_precision import compose_config
@@ -619,8 +621,8 @@ def main(argv: list[str] | None = None) -> None:
         table.to_csv(tmp, index=False, float_format="%.2f")
     setting = (f"SmolLM2-135M-Instruct, float32, 1 thread, first turn of questions {args.questions} in that order, "
                f"{args.max_new_tokens} new tokens, one method object (and upstream process) per method. "
-               f"Machine: {cpu_name()}. Commit {commit()['git_commit'][:7]}"
-               f"{' (uncommitted changes)' if commit()['git_dirty'] else ''}; upstream: "
+               f"Machine: {cpu_name()}. Commit {code['git_commit'][:7]}"
+               f"{' (uncommitted changes)' if code['git_dirty'] else ''}; upstream: "
                + ", ".join(f"{u.repository} at {upstream_commit(path)} (transformers {side_versions.get(u, '?')})"
                            for u, path in checkouts.items()) + ".")
     summary = table.drop(columns=["accept_lengths_ours", "accept_lengths_upstream"], errors="ignore")
