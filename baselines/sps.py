@@ -115,13 +115,21 @@ def load_separate_draft(source: str, lm):
     return model
 
 
+# The draft model paired with a target when `draft_model` is null: Spec-Bench's for Vicuna-7B v1.3 (its `eval.sh`),
+# and the same 68M model for the other Vicuna v1.3 sizes, which share its tokenizer. A target listed here runs
+# `sps` in `make bench`.
+PAIRED_DRAFTS = {"vicuna-7b-v1.3": "double7/vicuna-68m", "vicuna-13b-v1.3": "double7/vicuna-68m",
+                 "vicuna-33b-v1.3": "double7/vicuna-68m"}
+
+
 class SpS(Method):
     """Speculative sampling with a draft model: one chain of up to `gamma` tokens per step."""
 
     @dataclass
     class Config:
-        # A hub id or folder of a causal LM with the target's tokenizer (Spec-Bench runs double7/vicuna-68m for
-        # Vicuna), or "self": the target's own layers (`draft_layers`; method=sps-self)
+        # A hub id or folder of a causal LM with the target's tokenizer, or "self": the target's own layers
+        # (`draft_layers`; method=sps-self); null: the draft paired with the target (PAIRED_DRAFTS: Spec-Bench's
+        # double7/vicuna-68m for Vicuna)
         draft_model: str | None = None
         # With draft_model=self: the first N target layers (an integer) or a list of layer indices; null: the
         # first eighth of the layers
@@ -140,8 +148,9 @@ class SpS(Method):
             from gumiho.method import is_folder_or_hub_id
 
             named = self.draft_model
-            require(named == "self" or is_folder_or_hub_id(named), "draft_model", named, "a hub id (owner/name) or an existing folder of a causal LM with the "
-                    "target's tokenizer, or 'self' (the target's first layers: method=sps-self)")
+            require(named is None or named == "self" or is_folder_or_hub_id(named), "draft_model", named,
+                    "null (the draft paired with the target), a hub id (owner/name) or an existing folder of a causal "
+                    "LM with the target's tokenizer, or 'self' (the target's first layers: method=sps-self)")
             require_int_range("max_gamma", self.max_gamma, 1, MAX_DRAFT_NODES)
             require_int_range("gamma", self.gamma, 1, self.max_gamma)
             require_choice("schedule", self.schedule, SCHEDULES)
@@ -161,8 +170,12 @@ class SpS(Method):
             self.layers = self_draft_layers(config.draft_layers, lm.model.config.num_hidden_layers)
             self.draft_lm: DraftLM = SelfDraft(lm.model, self.layers, capacity, lm.device, lm.dtype)
         else:
+            source = config.draft_model or PAIRED_DRAFTS.get(lm.name)
+            if source is None:
+                raise HarnessError(f"no draft model is paired with the target {lm.name!r}: set method.draft_model="
+                                   f"<hub id or folder of a causal LM with its tokenizer>, or run method=sps-self")
             self.layers = None
-            self.draft_lm = SeparateDraft(load_separate_draft(config.draft_model, lm), capacity, lm.device,
+            self.draft_lm = SeparateDraft(load_separate_draft(source, lm), capacity, lm.device,
                                           lm.dtype, lm.model.config.vocab_size)
         self.stop_ids = lm.stop_ids
         self.gamma = float(config.gamma)
@@ -171,8 +184,8 @@ class SpS(Method):
 
     @classmethod
     def ready_for(cls, model_name: str) -> bool:
-        """No draft model is named by default: a bench runs `sps-self`, and `sps` when given one."""
-        return False
+        """A bench runs `sps` for a target with a paired draft model (Vicuna); `sps-self` runs for any."""
+        return model_name in PAIRED_DRAFTS
 
     @property
     def max_nodes(self) -> int:

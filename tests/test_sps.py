@@ -90,8 +90,11 @@ def test_a_draft_with_another_vocabulary_or_bad_options_gives_one_line(lm, tmp_p
     with pytest.raises(HarnessError, match="another vocabulary than the target") as info:
         sps(lm, draft_model=str(other))
     assert "\n" not in str(info.value)
+    with pytest.raises(HarnessError, match="no draft model is paired with the target") as info:
+        sps(lm)  # no draft model named, none paired with the embedded model
+    assert "\n" not in str(info.value)
     with pytest.raises(OptionError, match="draft_model"):
-        sps(lm)  # no draft model named
+        sps(lm, draft_model="not a hub id or folder")
     with pytest.raises(OptionError, match="draft_layers"):
         sps(lm, draft_model=str(random_draft_dir), draft_layers=4)
     with pytest.raises(OptionError, match="draft_layers"):
@@ -102,6 +105,7 @@ def test_a_draft_with_another_vocabulary_or_bad_options_gives_one_line(lm, tmp_p
         self_sps(lm, gamma=100)
     assert self_draft_layers(None, 2) == [0] and self_draft_layers([0, 5], 8) == [0, 5]
     assert not SpS.ready_for(lm.name) and SelfSpeculative.ready_for(lm.name)
+    assert SpS.ready_for("vicuna-7b-v1.3")  # Spec-Bench's pairing: make bench MODEL=vicuna-7b runs sps
 
 
 def test_the_draft_budget_keeps_the_draft_probabilities_of_the_nodes_it_keeps():
