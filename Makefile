@@ -7,8 +7,8 @@ VENV_PY := .venv/bin/python
 PY      ?= $(VENV_PY)
 MODEL   ?= smollm2-135m
 # The default benchmark slice: one question per subtask, 128 new tokens, every method once, interleaved (about
-# 25 minutes on 2 CPU cores, the trained drafts a third of it). `make bench REPEATS=3` is the statistical run;
-# `make bench QUESTIONS=null MAX_NEW=1024 WARMUP=3` the full Spec-Bench run.
+# 40 minutes on 2 CPU cores for 18 methods, more than half of it the trained drafts). `make bench REPEATS=3` is the
+# statistical run; `make bench QUESTIONS=null MAX_NEW=1024 WARMUP=3` the full Spec-Bench run.
 QUESTIONS ?= 1
 MAX_NEW   ?= 128
 WARMUP    ?= 1
@@ -77,7 +77,7 @@ datastore: setup  ## [~3 min, cached] build REST's ShareGPT datastore for MODEL'
 test: setup data  ## [~40 min on 2 cores] the test suite (CPU, real embedded model)
 	$(PY) -m pytest
 
-bench: setup data  ## [~25 min] every method on a Spec-Bench slice (REPEATS=3: the statistical run), then the report
+bench: setup data  ## [~40 min] every method on a Spec-Bench slice (REPEATS=3: the statistical run), then the report
 	@methods="$(METHODS)"; [ -n "$$methods" ] || methods=$$($(PY) -m evaluation.catalog bench-settings $(MODEL)) || exit 2; \
 	settings="model=$(MODEL) bench.questions_per_subtask=$(QUESTIONS) bench.max_new_tokens=$(MAX_NEW) \
 		bench.warmup=$(WARMUP) bench.temperature=$(TEMPERATURE) run.draft_budget=$(BUDGET) run.report=false \
