@@ -66,9 +66,11 @@ class MedusaLoss(nn.Module):
 
 
 @torch.no_grad()
-def head_accuracy(heads: MedusaHeads, target, items, max_prompt: int = 768) -> dict:
+def per_head_accuracy(heads, target, items, top_tokens, max_prompt: int = 768) -> dict:
     """{"positions": n, "acc1".."accK": float} over every continuation position of every held-out item: head k's top
-    token at t against the continuation's token t + k + 2."""
+    token at t against the continuation's token t + k + 2. `top_tokens(ids, hidden)` reads one item (its ids and
+    the target's last states) and returns `predict(k, start, span)`: head k's top target ids at positions
+    start..span-1."""
     device = next(target.parameters()).device
     correct, total = torch.zeros(heads.num_heads), torch.zeros(heads.num_heads)
     was_training = heads.training
@@ -77,21 +79,28 @@ def head_accuracy(heads: MedusaHeads, target, items, max_prompt: int = 768) -> d
         prompt = prompt[-max_prompt:]
         ids = torch.tensor([prompt + list(continuation)], device=device)
         hidden = target(input_ids=ids, output_hidden_states=True, logits_to_keep=1).hidden_states[-1]
-        hidden = hidden.to(next(heads.parameters()).dtype)
+        predict = top_tokens(ids, hidden.to(next(heads.parameters()).dtype))
         start, length = len(prompt) - 1, ids.shape[1]
         for k in range(heads.num_heads):
-            last = length - 2 - k  # positions start..last-1 predict continuation tokens
-            if last <= start:
+            span = length - 2 - k  # positions 0..span-1 predict token t + k + 2
+            if span <= start:
                 continue
-            predicted = heads.target_ids(heads(hidden[0, start:last], k + 1)[k].argmax(-1))
             truth = ids[0, start + 2 + k: length]
-            correct[k] += (predicted == truth).sum().item()
+            correct[k] += (predict(k, start, span) == truth).sum().item()
             total[k] += truth.numel()
     heads.train(was_training)
     result = {"positions": int(total[0].item())}
     for k in range(heads.num_heads):
         result[f"acc{k + 1}"] = float(correct[k] / total[k]) if total[k] else float("nan")
     return result
+
+
+def head_accuracy(heads: MedusaHeads, target, items, max_prompt: int = 768) -> dict:
+    """Medusa: head k reads the last state at t alone."""
+    def top_tokens(ids, hidden):
+        return lambda k, start, span: heads.target_ids(heads(hidden[0, start:span], k + 1)[k].argmax(-1))
+
+    return per_head_accuracy(heads, target, items, top_tokens, max_prompt)
 
 
 # ---------------------------------------------------------------------------------------------------- Hydra++
@@ -152,34 +161,14 @@ class HydraLoss(nn.Module):
         return loss, parts
 
 
-@torch.no_grad()
 def hydra_head_accuracy(heads: HydraHeads, target, items, max_prompt: int = 768) -> dict:
-    """{"positions": n, "acc1".."accK": float}: head k's top token at t, its path the continuation's own tokens,
-    against the continuation's token t + k + 2."""
-    device = next(target.parameters()).device
-    dtype = next(heads.parameters()).dtype
-    correct, total = torch.zeros(heads.num_heads), torch.zeros(heads.num_heads)
-    was_training = heads.training
-    heads.eval()
+    """Hydra: head k reads the prefix state at t and, as its path, the continuation's own tokens t + 1 .. t + k + 1."""
     embed = target.get_input_embeddings()
-    for prompt, continuation in items:
-        prompt = prompt[-max_prompt:]
-        ids = torch.tensor([prompt + list(continuation)], device=device)
-        hidden = target(input_ids=ids, output_hidden_states=True, logits_to_keep=1).hidden_states[-1].to(dtype)
+
+    def top_tokens(ids, hidden):
         prefix = prefix_over(heads, hidden, torch.ones_like(ids))
-        embeddings = embed(ids).to(dtype)
-        start, length = len(prompt) - 1, ids.shape[1]
-        for k in range(heads.num_heads):
-            span = length - 2 - k  # positions 0..span-1 predict token t + k + 2
-            if span <= start:
-                continue
-            logits = heads.heads[k](head_inputs(prefix, embeddings, k, span)[0, start:])
-            predicted = heads.target_ids(logits.argmax(-1))
-            truth = ids[0, start + 2 + k: length]
-            correct[k] += (predicted == truth).sum().item()
-            total[k] += truth.numel()
-    heads.train(was_training)
-    result = {"positions": int(total[0].item())}
-    for k in range(heads.num_heads):
-        result[f"acc{k + 1}"] = float(correct[k] / total[k]) if total[k] else float("nan")
-    return result
+        embeddings = embed(ids).to(hidden.dtype)
+        return lambda k, start, span: heads.target_ids(
+            heads.heads[k](head_inputs(prefix, embeddings, k, span)[0, start:]).argmax(-1))
+
+    return per_head_accuracy(heads, target, items, top_tokens, max_prompt)
