@@ -32,7 +32,7 @@ OUT       ?= results
 METHODS   ?=
 
 .PHONY: help setup setup-gpu check-environment setup-cluster data datastore test bench report figures ablations exactness upstream-parity \
-	bench-engine gpu-check offline-bundle offline-check half-precision results-page clean bench-families train-medusa train-hydra
+	bench-engine gpu-check reproduce-specbench fetch-checkpoints offline-bundle offline-check half-precision results-page clean bench-families train-medusa train-hydra
 
 help:  ## [instant] list the targets, with their duration on 2 CPU cores
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -94,6 +94,21 @@ bench: setup data  ## [~40 min] every method on a Spec-Bench slice (REPEATS=3: t
 		*) echo "error: bad value for SCHEDULE: '$(SCHEDULE)' (interleaved or sequential)" >&2; exit 2;; \
 	esac
 	$(PY) -m evaluation.report --results $(OUT)/runs --out $(OUT)
+
+# Spec-Bench's Table 1 for MODEL: its exact settings (all 480 questions, 1,024 new tokens, 3 warm-ups, greedy, float16
+# on a GPU, batch 1), every method with a checkpoint for MODEL (conf/checkpoints.yaml) interleaved with vanilla. It
+# prints the plan and checks every checkpoint first, and ends with Table 1 beside the published rows. DRY_RUN=1: the
+# plan and the checks only. Into results/specbench/<MODEL>/ (OUT=... elsewhere).
+DRY_RUN ?=
+reproduce-specbench: setup data  ## [GPU: hours; the plan prints an estimate] Spec-Bench's exact settings for MODEL, Table 1 beside the published rows
+	$(PY) -m evaluation.tools.reproduce_specbench --model $(MODEL) --repeats $(REPEATS) \
+		$(if $(filter-out results,$(OUT)),--out $(OUT)) $(if $(DRY_RUN),--dry-run) -- $(ARGS)
+
+# Where there is a network: MODEL's weights, every checkpoint paired with it, the question sets and REST's datastore,
+# into DEST (a hub cache and an env.sh to source on an offline node); resumable.
+DEST ?= dist/checkpoints
+fetch-checkpoints: setup data  ## [download-bound] MODEL's target, paired checkpoints, questions and REST datastore into DEST (resumable)
+	$(PY) -m evaluation.tools.fetch_checkpoints --model $(MODEL) --dest $(DEST)/$(MODEL)
 
 # The trained-draft families side by side on the bench slice (interleaved, one process), with EAGLE-2's and Gumiho's
 # reduced draft vocabularies (method.draft_vocab); the report set goes to results/families/.

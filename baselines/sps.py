@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from evaluation.checkpoints import default_source, released, unavailable
 from evaluation.engine.errors import HarnessError, require
 from evaluation.engine.kv_cache import PositionalKVCache, cache_argument
 from evaluation.engine.method import DecodeState, Method, StepOutcome
@@ -115,20 +116,16 @@ def load_separate_draft(source: str, lm):
     return model
 
 
-# The draft model paired with a target when `draft_model` is null: Spec-Bench's for Vicuna-7B v1.3 (its `eval.sh`),
-# and the same 68M model for the other Vicuna v1.3 sizes, which share its tokenizer. A target listed here runs
-# `sps` in `make bench`.
-PAIRED_DRAFTS = {"vicuna-7b-v1.3": "double7/vicuna-68m", "vicuna-13b-v1.3": "double7/vicuna-68m",
-                 "vicuna-33b-v1.3": "double7/vicuna-68m"}
-
-
 class SpS(Method):
     """Speculative sampling with a draft model: one chain of up to `gamma` tokens per step."""
+
+    checkpoint_kind = "draft-model"  # the draft models paired with targets (conf/checkpoints.yaml)
+    checkpoint_option = "draft_model"
 
     @dataclass
     class Config:
         # A hub id or folder of a causal LM with the target's tokenizer, or "self": the target's own layers
-        # (`draft_layers`; method=sps-self); null: the draft paired with the target (PAIRED_DRAFTS: Spec-Bench's
+        # (`draft_layers`; method=sps-self); null: the draft paired with the target (conf/checkpoints.yaml: Spec-Bench's
         # double7/vicuna-68m for Vicuna)
         draft_model: str | None = None
         # With draft_model=self: the first N target layers (an integer) or a list of layer indices; null: the
@@ -170,10 +167,9 @@ class SpS(Method):
             self.layers = self_draft_layers(config.draft_layers, lm.model.config.num_hidden_layers)
             self.draft_lm: DraftLM = SelfDraft(lm.model, self.layers, capacity, lm.device, lm.dtype)
         else:
-            source = config.draft_model or PAIRED_DRAFTS.get(lm.name)
+            source = self.trained_source(config, lm.name)
             if source is None:
-                raise HarnessError(f"no draft model is paired with the target {lm.name!r}: set method.draft_model="
-                                   f"<hub id or folder of a causal LM with its tokenizer>, or run method=sps-self")
+                raise HarnessError(self.unavailable_reason(lm.name) + " (or run method=sps-self)")
             self.layers = None
             self.draft_lm = SeparateDraft(load_separate_draft(source, lm), capacity, lm.device,
                                           lm.dtype, lm.model.config.vocab_size)
@@ -183,9 +179,19 @@ class SpS(Method):
         self.fed = 0  # of them, those fed to the draft model (its cache holds them)
 
     @classmethod
-    def ready_for(cls, model_name: str) -> bool:
+    def trained_source(cls, config, model_name: str) -> str | None:
+        """`draft_model` as named; null: the draft model paired with the target (conf/checkpoints.yaml: Spec-Bench's
+        double7/vicuna-68m for Vicuna v1.3); none for the self-draft."""
+        if config.draft_model == "self":
+            return None
+        return config.draft_model or default_source(cls.checkpoint_kind, model_name, None)
+
+    @classmethod
+    def unavailable_reason(cls, model_name: str) -> str | None:
         """A bench runs `sps` for a target with a paired draft model (Vicuna); `sps-self` runs for any."""
-        return model_name in PAIRED_DRAFTS
+        if released(model_name, cls.checkpoint_kind) is not None:
+            return None
+        return unavailable(cls.checkpoint_kind, model_name, None, None)
 
     @property
     def max_nodes(self) -> int:
@@ -245,10 +251,13 @@ class SpS(Method):
 class SelfSpeculative(SpS):
     """SpS drafting with the target's own first layers, its final norm and head (self-speculative decoding)."""
 
+    checkpoint_kind = None  # it reads no checkpoint: the target drafts for itself
+    checkpoint_option = None
+
     @dataclass
     class Config(SpS.Config):
         draft_model: str | None = "self"
 
     @classmethod
-    def ready_for(cls, model_name: str) -> bool:
-        return True
+    def unavailable_reason(cls, model_name: str) -> str | None:
+        return None

@@ -36,6 +36,7 @@ class EagleDrafts(TreeDraftMethod):
 
     drafts_dir = DRAFTS_DIR / "eagle"
     train_command = "make train-eagle"
+    checkpoint_kind = "eagle"
 
     @classmethod
     def random_draft(cls, lm):
@@ -185,6 +186,7 @@ class Eagle3(DynamicTree):
 
     drafts_dir = DRAFTS_DIR / "eagle3"
     train_command = "make train-eagle3"
+    checkpoint_kind = "eagle3"
 
     @classmethod
     def load_draft(cls, source: str, lm):

@@ -168,20 +168,28 @@ def config_method(config_name: str) -> MethodEntry:
 
 
 def bench_settings(model: str) -> list[str]:
-    """The method configs a bench runs for `model` (file names of `conf/method`, variants included), vanilla first.
-    A method joins when its class's `ready_for` says it runs with its defaults (a trained draft: once one is
-    committed for the model; SpS: never without a draft model named); the only place this imports method classes."""
+    """The method configs a bench runs for `model` (file names of `conf/method`, variants included), vanilla first."""
+    return bench_plan(model)[0]
+
+
+def bench_plan(model: str) -> tuple[list[str], dict[str, str]]:
+    """The method configs a bench runs for `model`, vanilla first, and those it leaves out with why (one clause
+    each). A method joins when its class's `unavailable_reason` has nothing against it with its defaults (a trained
+    method: a draft committed for the model or a checkpoint released for it, conf/checkpoints.yaml; SpS: a draft
+    model paired with the target); the only place this imports method classes."""
     names = sorted(path.stem for path in METHOD_CONF.glob("*.yaml"))
     name = model_name(model)
-    kept = []
+    kept, left_out = [], {}
     for config_name in names:
         entry = config_method(config_name)
         if config_name == "vanilla":
             continue
-        if not import_class(entry.target, entry.name).ready_for(name):
-            continue
-        kept.append(config_name)
-    return ["vanilla", *kept]
+        reason = import_class(entry.target, entry.name).unavailable_reason(name)
+        if reason is None:
+            kept.append(config_name)
+        else:
+            left_out[config_name] = reason
+    return ["vanilla", *kept], left_out
 
 
 if __name__ == "__main__":  # `python -m evaluation.catalog bench-settings MODEL`: what `make bench` runs
@@ -189,4 +197,10 @@ if __name__ == "__main__":  # `python -m evaluation.catalog bench-settings MODEL
 
     if sys.argv[1:2] != ["bench-settings"] or len(sys.argv) != 3:
         sys.exit("usage: python -m evaluation.catalog bench-settings MODEL")
-    print(",".join(bench_settings(sys.argv[2])))
+    try:
+        settings, left_out = bench_plan(sys.argv[2])
+    except HarnessError as exc:
+        sys.exit(f"error: {exc}")
+    for config_name, reason in left_out.items():  # on stderr: make reads the list from stdout
+        print(f"leaves out {config_name}: {reason}", file=sys.stderr)
+    print(",".join(settings))

@@ -23,6 +23,7 @@ from typing import Optional
 
 import torch
 
+from evaluation.checkpoints import default_source, unavailable
 from evaluation.engine.kv_cache import PositionalKVCache
 from evaluation.engine.method import DecodeState, Method, StepOutcome
 from evaluation.engine.tree import DraftTree
@@ -92,6 +93,8 @@ class TreeDraftMethod(Method):
     needs_hidden_states = True
     draft_parts = ("serial", "head", "select")  # the split of its draft time (DRAFT_PARTS)
     drafts_dir: Path = DRAFTS_DIR  # committed drafts, one folder per target model name
+    checkpoint_kind = "gumiho"  # the released checkpoints it reads (conf/checkpoints.yaml)
+    checkpoint_option = "draft"
     train_command = "make train-gumiho"  # how to train the committed draft (for the error when it is missing)
 
     @classmethod
@@ -111,9 +114,20 @@ class TreeDraftMethod(Method):
         return {"draft": folder} if folder.is_dir() else {}
 
     @classmethod
-    def ready_for(cls, model_name: str) -> bool:
-        """With the default options (`draft: null`), a draft must be committed for the model."""
-        return (cls.committed_draft_dir(model_name) / "config.json").is_file()
+    def trained_source(cls, config, model_name: str) -> str | None:
+        """`draft` as named; null: the committed draft, else the released one paired with the target."""
+        if config.draft == "random":
+            return None
+        if config.draft is not None:
+            return config.draft
+        return default_source(cls.checkpoint_kind, model_name, cls.committed_draft_dir(model_name))
+
+    @classmethod
+    def unavailable_reason(cls, model_name: str) -> str | None:
+        """With the default options (`draft: null`), a draft committed for the model or one released for it."""
+        if default_source(cls.checkpoint_kind, model_name, cls.committed_draft_dir(model_name)) is not None:
+            return None
+        return unavailable(cls.checkpoint_kind, model_name, cls.committed_draft_dir(model_name), cls.train_command)
 
     # A family's draft: a seeded random one for the loaded target, or one read from a folder or hub id.
     @classmethod
@@ -142,15 +156,11 @@ class TreeDraftMethod(Method):
         return draft
 
     def draft_source(self, config, lm) -> str:
-        """The folder or hub id the draft is read from (the committed folder when `draft` is null)."""
-        if config.draft is not None:
-            return config.draft
-        folder = self.committed_draft_dir(lm.name)
-        if not folder.is_dir():
-            raise HarnessError(f"no committed draft for model {lm.name!r} ({folder} is missing): train one "
-                               f"with `{self.train_command} MODEL={lm.name}`, or set method.draft=random or "
-                               f"a checkpoint")
-        return str(folder)
+        """The folder or hub id the draft is read from (`trained_source`); one line when there is none."""
+        source = self.trained_source(config, lm.name)
+        if source is None:
+            raise HarnessError(self.unavailable_reason(lm.name) + " (or method.draft=random)")
+        return source
 
     def draft_vocabulary(self, config, lm) -> torch.Tensor | None:
         """The sorted target ids of a reduced draft vocabulary, or None for the whole one. A trained draft's are

@@ -35,6 +35,8 @@ class Hydra(CommittedHeads):
     needs_hidden_states = True
     hidden_state_layers = (-1,)  # the last layer after the final norm (upstream's hidden_state_offset 0)
     drafts_dir = DRAFTS_DIR
+    train_command = "make train-hydra"
+    checkpoint_kind = "hydra"
 
     @dataclass
     class Config:
@@ -74,14 +76,7 @@ class Hydra(CommittedHeads):
                     torch.nn.init.normal_(head.conditioned.linear.weight, std=0.02)
                     torch.nn.init.normal_(head.shared.linear.weight, std=0.02)
             return heads
-        source = config.heads
-        if source is None:
-            folder = self.committed_dir(lm.name)
-            if not (folder / "config.json").is_file():
-                raise HarnessError(f"no committed Hydra heads for model {lm.name!r} ({folder} is missing): set "
-                                   f"method.heads=random or a checkpoint (e.g. ankner/hydra-vicuna-7b-v1.3)")
-            source = str(folder)
-        return load_hydra_heads(source, lm.model, config.num_heads)
+        return load_hydra_heads(self.heads_source(config, lm), lm.model, config.num_heads)
 
     @property
     def max_nodes(self) -> int:

@@ -14,11 +14,11 @@ from evaluation.engine.timing import PARTS
 from evaluation.engine.errors import HarnessError
 
 
-def write_run(folder, method, key, repeat, answers, label=None):
+def write_run(folder, method, key, repeat, answers, label=None, model="toy"):
     """A run folder as the runner writes it: manifest.json + answers.jsonl, one turn per question."""
     folder.mkdir(parents=True)
-    manifest = {"method": method, "method_label": label or method, "model": "toy", "comparison_key": key,
-                "comparison": {"model": "toy", "dtype": "float32", "device": "cpu", "questions_per_subtask": 2,
+    manifest = {"method": method, "method_label": label or method, "model": model, "comparison_key": key,
+                "comparison": {"model": model, "dtype": "float32", "device": "cpu", "questions_per_subtask": 2,
                                "subtasks": None, "max_new_tokens": 16, "repeat": repeat}}
     (folder / "manifest.json").write_text(json.dumps(manifest))
     lines = []
@@ -151,8 +151,7 @@ def test_a_method_published_only_for_a_larger_model_brings_that_models_rows():
     from evaluation.report.figures.tables import default_published_csv, load_published, published_table
 
     path = default_published_csv()
-    if path is None:
-        pytest.skip("no shared/reference beside the checkout")
+    assert path is not None  # results/published/specbench_leaderboard.csv, in the repository
     pub = published_table(load_published(path), ["eagle", "eagle2", "eagle3", "pld"])
     seven = pub[pub.model == "Vicuna-7B-v1.3"]
     assert {"EAGLE", "EAGLE2", "PLD", "Vanilla AR"} <= set(seven.published_method) and "EAGLE3" not in set(
@@ -169,14 +168,113 @@ def test_the_self_draft_is_read_beside_spss_row_and_sps_keeps_it():
     from evaluation.report.figures.tables import default_published_csv, load_published, published_table
 
     path = default_published_csv()
-    if path is None:
-        pytest.skip("no shared/reference beside the checkout")
+    assert path is not None
     published = load_published(path)
     alone = published_table(published, ["sps-self", "medusa", "hydra"])
     assert {"SpS", "Medusa", "Hydra"} <= set(alone.published_method)
     assert set(alone[alone.published_method == "SpS"].method) == {"sps-self"}
     both = published_table(published, ["sps-self", "sps"])  # the method it was published for wins the row
     assert set(both[both.published_method == "SpS"].method) == {"sps"}
+
+
+def test_the_default_build_reads_the_published_rows_kept_in_the_repository(runs, tmp_path):
+    """No --published: the leaderboard rows come from results/published/, inside the repository."""
+    from pathlib import Path
+
+    from evaluation.report.figures.tables import (PUBLISHED_DIR, TABLE1_COLUMNS, default_gumiho_paper_csv,
+                                                  default_published_csv)
+
+    root = Path(__file__).resolve().parent.parent
+    assert PUBLISHED_DIR == root / "results" / "published"
+    assert default_published_csv() == PUBLISHED_DIR / "specbench_leaderboard.csv"
+    assert default_gumiho_paper_csv() == PUBLISHED_DIR / "gumiho_paper.csv"
+    runs_dir, _, motivation = runs
+    out = tmp_path / "out"
+    figures.main(["--results", str(runs_dir), "--out", str(out), "--no-training-curves",
+                  "--motivation", str(motivation)])
+    pub = pd.read_csv(out / "published_specbench.csv")
+    source = pd.read_csv(PUBLISHED_DIR / "specbench_leaderboard.csv", dtype={"value": "string"})
+    assert set(source.table) == {"specbench_leaderboard_3090", "specbench_leaderboard_A100"}
+    # every cell of PLD's rows (Vicuna-7B, both devices) is the in-repository file's
+    pld = pub[(pub.published_method == "PLD") & (pub.model == "Vicuna-7B-v1.3")].set_index("source_table")
+    assert sorted(pld.index) == ["specbench_leaderboard_3090", "specbench_leaderboard_A100"]
+    for table_id, row in pld.iterrows():
+        mine = source[(source.table == table_id) & (source.model == "Vicuna-7B-v1.3") & (source.method == "PLD")]
+        for column in TABLE1_COLUMNS:
+            metric = "mean_accepted_tokens" if column == "Overall MAT" else "speedup"
+            subtask = "Overall" if column.startswith("Overall") else column
+            [value] = mine[(mine.subtask == subtask) & (mine.metric == metric)].value
+            assert row[column] == pytest.approx(float(value)), (table_id, column)
+    assert pld.loc["specbench_leaderboard_A100", "Overall Speedup"] == pytest.approx(1.66)  # Leaderboard.md@fd2c1cd
+    assert pld.loc["specbench_leaderboard_3090", "Translation"] == pytest.approx(1.15)
+    md = (out / "table1.md").read_text()
+    assert "from `specbench_leaderboard.csv`" in md and "Published Spec-Bench table skipped" not in md
+
+
+VICUNA_PUBLISHED = [  # table, model, method, subtask, metric, value: made-up numbers, easy ratios
+    ("specbench_leaderboard_A100", "Vicuna-7B-v1.3", "PLD", "Overall", "speedup", "1.60"),
+    ("specbench_leaderboard_A100", "Vicuna-7B-v1.3", "PLD", "Overall", "mean_accepted_tokens", "1.25"),
+    ("specbench_leaderboard_3090", "Vicuna-7B-v1.3", "PLD", "Overall", "speedup", "1.64"),  # A100's wins
+    ("specbench_leaderboard_3090", "Vicuna-7B-v1.3", "PLD", "Overall", "mean_accepted_tokens", "1.73"),
+    ("specbench_leaderboard_3090", "Vicuna-7B-v1.3", "Vanilla AR", "Overall", "speedup", "1.00"),  # 3090 only
+    ("specbench_leaderboard_3090", "Vicuna-7B-v1.3", "Vanilla AR", "Overall", "mean_accepted_tokens", "1.00"),
+    ("specbench_leaderboard_A100", "Vicuna-13B-v1.3", "PLD", "Overall", "speedup", "9.00"),  # another target
+    ("specbench_leaderboard_A100", "Vicuna-7B-v1.3", "PLD", "Translation", "speedup", "8.00"),  # not overall
+    ("secondary_blog", "Vicuna-7B-v1.3", "LogitSpec", "Overall", "speedup", "2.61"),  # not the leaderboard
+]
+
+
+def test_table1_beside_the_leaderboard_rows_of_its_own_target(runs, tmp_path):
+    from evaluation.report.figures.tables import leaderboard_model, load_published, published_comparison
+
+    assert leaderboard_model("vicuna-7b-v1.3") == "Vicuna-7B-v1.3"
+    assert leaderboard_model("vicuna-13b") == "Vicuna-13B-v1.3"  # a short name, as `make bench MODEL=` takes
+    assert leaderboard_model("vicuna-33b-v1.3") == "Vicuna-33B-v1.3"
+    assert leaderboard_model("smollm2-135m") is None and leaderboard_model("llama-2-7b") is None
+    root = tmp_path / "vicuna"
+    write_run(root / "v", "vanilla", "k", 0, [(1, "qa", 10, 10.0, ones(10))], model="vicuna-7b-v1.3")  # 1 tok/s
+    write_run(root / "p", "pld", "k", 0, [(1, "qa", 10, 5.0, [1, 3, 3, 3])], model="vicuna-7b-v1.3")  # 2 tok/s
+    write_run(root / "l", "logitspec", "k", 0, [(1, "qa", 10, 2.5, [1, 2, 7])], model="vicuna-7b-v1.3")  # 4 tok/s
+    published = tmp_path / "vicuna_leaderboard.csv"
+    pd.DataFrame(VICUNA_PUBLISHED, columns=["table", "model", "method", "subtask", "metric", "value"]).assign(
+        benchmark="Spec-Bench", unit="x", note="").to_csv(published, index=False)
+    out = tmp_path / "out"
+    figures.build_all(root, out, published_csv=published, drafts_dir=None)
+
+    vs = pd.read_csv(out / "table1_vs_published.csv").set_index("method_label")
+    assert vs.index.tolist() == ["vanilla", "pld", "logitspec"]
+    assert set(vs.model) == {"vicuna-7b-v1.3"} and set(vs.published_model) == {"Vicuna-7B-v1.3"}
+    pld = vs.loc["pld"]
+    assert (pld.published_method, pld.device, pld.source_table) == ("PLD", "A100", "specbench_leaderboard_A100")
+    assert pld["Overall Speedup"] == pytest.approx(2.0) and pld["Overall MAT"] == pytest.approx(2.5)
+    assert pld["published Overall Speedup"] == pytest.approx(1.60)
+    assert pld["published Overall MAT"] == pytest.approx(1.25)
+    assert pld["Speedup ratio"] == pytest.approx(2.0 / 1.60, abs=1e-4)
+    assert pld["MAT ratio"] == pytest.approx(2.5 / 1.25, abs=1e-4)
+    vanilla = vs.loc["vanilla"]
+    assert vanilla.device == "RTX 3090"  # the A100 table lacks it here
+    assert vanilla["Speedup ratio"] == pytest.approx(1.0) and vanilla["MAT ratio"] == pytest.approx(1.0)
+    logitspec = vs.loc["logitspec"]  # not on the leaderboard: ours only
+    assert logitspec["Overall Speedup"] == pytest.approx(4.0)
+    assert logitspec["Overall MAT"] == pytest.approx(10 / 3, abs=1e-4)
+    assert pd.isna(logitspec.published_method) and pd.isna(logitspec["Speedup ratio"])
+    assert pd.isna(logitspec["MAT ratio"])
+    md = (out / "table1.md").read_text()
+    assert "## Ours beside the leaderboard, same target" in md and "beside Vicuna-7B-v1.3" in md
+    assert "| pld" in md and "1.25" in md and "PLD (A100)" in md and "none for this target" in md
+    assert "(published, other hardware)" in md  # the published section is the runs' own target's
+    assert set(pd.read_csv(out / "published_specbench.csv").model) == {"Vicuna-7B-v1.3"}
+
+    # a target without leaderboard rows: no comparison, one line in table1.md, and the earlier CSV removed
+    table = figures.table1(figures.with_settings(figures.report.load_runs(runs[0])))
+    assert published_comparison(table, load_published(published), "toy").empty
+    assert published_comparison(table, load_published(published), "smollm2-135m").empty
+    figures.build_all(runs[0], out, published_csv=published, drafts_dir=None)
+    assert not (out / "table1_vs_published.csv").exists()
+    md = (out / "table1.md").read_text()
+    assert "No leaderboard rows for `toy`: the leaderboard has Vicuna-13B-v1.3, Vicuna-33B-v1.3, Vicuna-7B-v1.3 only." \
+        in md
+    assert "(published, other hardware and model)" in md
 
 
 def test_acceptance_lengths_and_colours(runs):
@@ -223,23 +321,22 @@ def test_gumiho_table_puts_ours_beside_the_paper_and_the_training_curve_is_drawn
     from pathlib import Path
 
     from evaluation.report.figures.gumiho import draft_curves, gumiho_table, plot_training_curve
-    from evaluation.report.figures.tables import default_published_csv
+    from evaluation.report.figures.tables import default_gumiho_paper_csv
 
     ours = pd.DataFrame([{"subtask": "overall", "method": m, "method_label": m, "model": "toy", "temperature": t,
                           "setting_title": "toy, cpu", "speedup": s, "mat": a}
                          for m, t, s, a in (("gumiho", 0.0, 0.5, 1.8), ("eagle2", 0.0, 0.4, 1.7),
                                             ("eagle", 0.0, 0.45, 1.4), ("gumiho", 1.0, 0.45, 1.6),
                                             ("pld", 0.0, 1.1, 1.7))])
-    published = default_published_csv()
-    paper = Path(published).with_name("gumiho_paper.csv") if published else None
+    paper = default_gumiho_paper_csv()
+    assert paper is not None  # results/published/gumiho_paper.csv, in the repository
     table = gumiho_table(ours, paper)
     mine = table[table.source.str.startswith("ours")]
     assert sorted(zip(mine.method, mine.temperature)) == [("eagle", 0.0), ("eagle2", 0.0), ("gumiho", 0.0),
                                                           ("gumiho", 1.0)]
-    if paper is not None and paper.is_file():
-        vicuna = table[(table.model == "Vicuna-7B") & (table.temperature == 0)].set_index("method")
-        assert vicuna.loc["gumiho", "speedup"] == pytest.approx(2.97) and vicuna.loc["eagle2", "MAT"] > 4
-        assert vicuna.loc["eagle", "speedup"] == pytest.approx(2.52)
+    vicuna = table[(table.model == "Vicuna-7B") & (table.temperature == 0)].set_index("method")
+    assert vicuna.loc["gumiho", "speedup"] == pytest.approx(2.97) and vicuna.loc["eagle2", "MAT"] > 4
+    assert vicuna.loc["eagle", "speedup"] == pytest.approx(2.52)
     curves = draft_curves(Path(figures.__file__).resolve().parents[2] / "gumiho" / "drafts")
     for model, path in curves.items():
         figure = plot_training_curve(pd.read_csv(path), model)

@@ -143,7 +143,7 @@ def test_random_heads_are_lossless(lm, assert_lossless):
 def test_options_are_checked(lm):
     with pytest.raises(HarnessError, match="4 deep"):
         Hydra(Hydra.Config(heads="random", num_heads=2), lm)
-    with pytest.raises(HarnessError, match="no committed Hydra heads"):
+    with pytest.raises(HarnessError, match="no Hydra\+\+ heads committed or released for no-such-model"):
         import dataclasses
 
         Hydra(Hydra.Config(), dataclasses.replace(lm, name="no-such-model"))

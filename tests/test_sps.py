@@ -90,7 +90,7 @@ def test_a_draft_with_another_vocabulary_or_bad_options_gives_one_line(lm, tmp_p
     with pytest.raises(HarnessError, match="another vocabulary than the target") as info:
         sps(lm, draft_model=str(other))
     assert "\n" not in str(info.value)
-    with pytest.raises(HarnessError, match="no draft model is paired with the target") as info:
+    with pytest.raises(HarnessError, match="no SpS draft model released for smollm2-135m") as info:
         sps(lm)  # no draft model named, none paired with the embedded model
     assert "\n" not in str(info.value)
     with pytest.raises(OptionError, match="draft_model"):

@@ -106,10 +106,23 @@ class Method:
         return {}
 
     @classmethod
+    def trained_source(cls, config, model_name: str) -> str | None:
+        """The folder or hub id of the trained part (a draft, heads, a draft model) that `config` makes the method
+        load for the target `model_name`; None when it loads none (no trained part, a seeded random one). Asked
+        before the model loads, so a missing checkpoint is named before the target is read."""
+        return None
+
+    @classmethod
+    def unavailable_reason(cls, model_name: str) -> str | None:
+        """Why the method cannot run with its default options for the target `model_name` as this checkout stands
+        (a trained method: no draft committed for it and none released for it), as one clause; None when it can."""
+        return None
+
+    @classmethod
     def ready_for(cls, model_name: str) -> bool:
-        """Whether the method runs with its default options for the target `model_name` as this checkout stands
-        (a trained draft: one is committed for it); a bench leaves it out otherwise."""
-        return True
+        """Whether the method runs with its default options for the target `model_name`; a bench leaves it out
+        otherwise, saying why (`unavailable_reason`)."""
+        return cls.unavailable_reason(model_name) is None
 
     @property
     def max_nodes(self) -> int:

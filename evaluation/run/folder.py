@@ -127,6 +127,13 @@ def run_identity(spec, model, question_sha: str, repeat: int, schedule: dict | N
               spec.method.cls.input_files(spec.method.options, spec.model.name).items() if Path(path).exists()}
     if inputs:
         run["inputs_sha256"] = inputs
+    # A released checkpoint the method takes for this target when its option is null (conf/checkpoints.yaml): by id,
+    # so a run with a committed draft and one with a released checkpoint are never the same run.
+    option = getattr(spec.method.cls, "checkpoint_option", None)
+    if option and getattr(spec.method.options, option, None) is None:
+        source = spec.method.cls.trained_source(spec.method.options, spec.model.name)
+        if source is not None and not Path(source).is_dir():
+            run["checkpoint"] = source
     if spec.uses_budget:  # off: the identity it always had
         run["draft_budget"] = {"mode": spec.run.draft_budget, "latency_curve": spec.run.latency_curve}
         if spec.run.latency_curve:  # a replayed curve by its contents as well, so a curve fixed in place is a new run

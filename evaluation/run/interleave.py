@@ -37,6 +37,7 @@ from evaluation.run.answerers import InProcess, build_method, check_loaded_model
 from evaluation.run.config import register_configs
 from evaluation.run.folder import open_run
 from evaluation.run.orchestrate import Progress
+from evaluation.run import preflight
 from evaluation.run.validation import validate
 from evaluation.models import load_model
 
@@ -97,6 +98,7 @@ def prepare_cells(specs: list[str], common: list[str]) -> tuple[list[Cell], list
     if twice:
         raise HarnessError(f"cells given twice: {', '.join(twice)}")
 
+    preflight.check([cell.spec for cell in cells])  # every cell's checkpoints found before the target loads
     questions = read_questions(first)
     lm = load_model(first.model, first.run.device)
     for cell in cells:

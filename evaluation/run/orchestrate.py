@@ -14,6 +14,7 @@ from tqdm import tqdm
 from evaluation.questions import file_sha256
 from evaluation.run.answerers import InProcess, load_target, read_questions
 from evaluation.run.folder import open_run
+from evaluation.run import preflight
 from evaluation.run.validation import validate
 
 
@@ -79,6 +80,7 @@ def run(cfg) -> list[Path]:
     Every option is checked and the questions read before a model loads; with `run.workers`, Ray workers answer
     (`evaluation.run.ray_workers`, the only import of Ray)."""
     spec = validate(cfg)
+    preflight.check([spec])  # its checkpoints found before the target loads
     questions = read_questions(spec)
     question_sha = file_sha256(Path(spec.bench.question_file))
     if spec.run.workers is not None:

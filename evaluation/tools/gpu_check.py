@@ -8,9 +8,12 @@
    In float16 a tree forward and a one-token forward may round differently and flip a near-tie, so the match rate
    is reported, not required; `first_differences.csv` gives, where an answer first differs from vanilla's, the
    top-2 logit margin of a plain causal float16 forward at that position: near-ties have a small one.
-3. `engine/`: forward latency against new tokens (the latency curve; `run.latency_curve=` replays it) and our
+3. `paired/<target>/`: for each target of conf/checkpoints.yaml whose weights are in the hub's local cache (e.g.
+   after `make fetch-checkpoints`), vanilla and every method whose released checkpoint is cached too, on the same
+   float16 slice, interleaved, with its report: the released checkpoints loaded and run end to end on the GPU.
+4. `engine/`: forward latency against new tokens (the latency curve; `run.latency_curve=` replays it) and our
    vanilla loop against `generate`.
-4. `summary.md`: all of it on one page, with each step's time.
+5. `summary.md`: all of it on one page, with each step's time.
 
 It needs no network once the embedded model is converted in the cache and the question sets are under data/ (an
 earlier `make bench` or `make test`, or an offline bundle's install.sh): hub access is switched off for everything
@@ -60,6 +63,30 @@ def gpu_slug(name: str) -> str:
 def slice_methods() -> list[str]:
     """Every method config, vanilla first; the trained-draft ones only with a committed draft (as `make bench`)."""
     return bench_settings("smollm2-135m")
+
+
+def cached_pairings() -> dict[str, list[str]]:
+    """For each target of conf/checkpoints.yaml whose weights are in the hub's local cache: vanilla and every method
+    whose paired checkpoint is cached too, as interleave cells (a short float16 slice of each in `make gpu-check`)."""
+    from evaluation.catalog import bench_plan, config_method, import_class
+    from evaluation.checkpoints import released, targets
+    from evaluation.run.preflight import in_hub_cache
+    from evaluation.tools.fetch_checkpoints import target_hub_id
+
+    found = {}
+    for target in targets():
+        hub_id = target_hub_id(target)
+        if not hub_id or not in_hub_cache(hub_id):
+            continue
+        cells = []
+        for config_name in bench_plan(target)[0][1:]:
+            kind = getattr(import_class(config_method(config_name).target), "checkpoint_kind", None)
+            entry = released(target, kind) if kind else None
+            if entry is not None and in_hub_cache(entry.hub_id):
+                cells.append(f"method={config_name}")
+        if cells:
+            found[target] = ["method=vanilla", *cells]
+    return found
 
 
 class Steps:
@@ -223,6 +250,13 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:  # noqa: BLE001 - reported with the other steps; the rest still runs
         print(f"first differences failed: {type(exc).__name__}: {exc}", flush=True)
         steps.failed.append("first differences")
+    for model, cells in cached_pairings().items():  # released checkpoints already in the hub's cache
+        folder = out / "paired" / model
+        steps.run(f"paired checkpoints ({model})",
+                  [python, "-m", "evaluation.run.interleave", *cells, "--", f"model={model}", *common[:5],
+                   f"run.results_dir={folder / 'runs'}", "run.report=false"], f"paired_{model}.log")
+        steps.run(f"report ({model})", [python, "-m", "evaluation.report", "--results", str(folder / "runs"),
+                                        "--out", str(folder)], f"paired_{model}_report.log")
     steps.run("engine", [python, "-m", "evaluation.tools.bench_engine", f"model.dtype={dtype}", f"run.device={args.device}",
                          "--out", str(out / "engine")], "engine.log")
 

@@ -17,16 +17,17 @@ from evaluation.report.figures.gumiho import (draft_curves, family_curves, gumih
 from evaluation.report.figures.common import _latex, _markdown, _save, _write_csv, summarize_settings, with_settings
 from evaluation.report.figures.motivation import find_motivation, load_motivation, plot_motivation
 from evaluation.report.figures.plots import budget_pairs, plot_acceptance, plot_breakdown, plot_budget
-from evaluation.report.figures.tables import (PUBLISHED_MODEL, TABLE1_COLUMNS, default_published_csv, load_published,
-                                       published_table, table1, table1_display)
+from evaluation.report.figures.tables import (LEADERBOARD_MODELS, PUBLISHED_MODEL, TABLE1_COLUMNS,
+                                              default_gumiho_paper_csv, default_published_csv, leaderboard_model,
+                                              load_published, published_comparison, published_table, table1,
+                                              table1_display)
 from evaluation.report import method_sort_key
 
-OUTPUT_PATTERNS = ("table1.md", "table1.tex", "table1.csv", "published_specbench.csv", "ablations_*.csv",
-                   "ablations_*.png", "ablations_*.pdf", "breakdown_*.png", "breakdown_*.pdf", "budget_*.csv",
-                   "budget_*.png", "budget_*.pdf", "acceptance_*.png", "acceptance_*.pdf", "motivation_*.png",
-                   "motivation_*.pdf", "gumiho.csv", "training_*.png", "training_*.pdf")
+OUTPUT_PATTERNS = ("table1.md", "table1.tex", "table1.csv", "published_specbench.csv", "table1_vs_published.csv",
+                   "ablations_*.csv", "ablations_*.png", "ablations_*.pdf", "breakdown_*.png", "breakdown_*.pdf",
+                   "budget_*.csv", "budget_*.png", "budget_*.pdf", "acceptance_*.png", "acceptance_*.pdf",
+                   "motivation_*.png", "motivation_*.pdf", "gumiho.csv", "training_*.png", "training_*.pdf")
 DRAFTS_DIR = Path(__file__).resolve().parents[3] / "gumiho" / "drafts"
-GUMIHO_PAPER = "gumiho_paper.csv"
 
 
 def _remove_old_outputs(out: Path, keep: list[Path]) -> None:
@@ -37,6 +38,45 @@ def _remove_old_outputs(out: Path, keep: list[Path]) -> None:
         for path in sorted(out.glob(pattern)):
             if path.resolve() not in kept:
                 path.unlink()
+
+
+def _versus_published(table: pd.DataFrame, published: pd.DataFrame, out: Path, written: list[Path]) -> list[str]:
+    """table1_vs_published.csv (our overall speedup and MAT beside the leaderboard's for the same target, and the
+    ratios) when our runs are of a Vicuna v1.3 target; its Markdown section, or one line saying there is none."""
+    models = sorted(set(table.model))
+    without = [m for m in models if not leaderboard_model(m)]
+    parts = [published_comparison(table, published, m) for m in models if m not in without]
+    comparison = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+    md = ["## Ours beside the leaderboard, same target", ""]
+    if without:
+        md += [f"No leaderboard rows for {', '.join(f'`{m}`' for m in without)}: the leaderboard has "
+               f"{', '.join(sorted(set(LEADERBOARD_MODELS.values())))} only.", ""]
+    if comparison.empty:
+        return md
+    _write_csv(comparison, out / "table1_vs_published.csv")
+    written.append(out / "table1_vs_published.csv")
+    md += ["Overall speedup and MAT, ours (mean over repeats) and the leaderboard's for the same target, and ours / "
+           "published (`table1_vs_published.csv`). Published as: the leaderboard's row, from the A100 table where "
+           "it has the method, else the RTX 3090 one; SAMD[EAGLE2] falls back to EAGLE-2 where our `sam` falls back "
+           "to Token Recycling. Ours ran on the machine, dtype and questions each heading names; where they differ "
+           "from the leaderboard's (one GPU, FP16), the speedup ratio compares machines as much as methods. The MAT "
+           "ratio compares what the drafts accept (our MAT counts the prefill as a step).", ""]
+
+    def cell(v):
+        return "–" if pd.isna(v) else f"{v:.2f}"
+
+    for setting, rows in comparison.groupby("setting", sort=False):
+        shown = pd.DataFrame({
+            "Speedup": rows["Overall Speedup"].map(cell), "published": rows["published Overall Speedup"].map(cell),
+            "ours / published": rows["Speedup ratio"].map(cell), "MAT": rows["Overall MAT"].map(cell),
+            "published MAT": rows["published Overall MAT"].map(cell),
+            "MAT ours / published": rows["MAT ratio"].map(cell),
+            "Published as": [f"{m} ({d})" if isinstance(m, str) else "none for this target"
+                             for m, d in zip(rows.published_method, rows.device)]})
+        shown.index = pd.Index(rows.method_label.tolist(), name="Method")
+        md += [f"### {rows.setting_title.iloc[0]} (setting {setting}) beside {rows.published_model.iloc[0]}", "",
+               _markdown(shown), ""]
+    return md
 
 
 def build_all(results_dir: str | Path | list[str | Path], out_dir: str | Path,
@@ -89,15 +129,20 @@ def build_all(results_dir: str | Path | list[str | Path], out_dir: str | Path,
             md.append("")
     published_csv = published_csv or default_published_csv()
     if published_csv is not None and Path(published_csv).is_file():
+        published = load_published(published_csv)
         ours = sorted(set(df.method), key=method_sort_key) if not df.empty else None
-        pub = published_table(load_published(published_csv), ours)
+        targets = {leaderboard_model(m) for m in table.model} if not table.empty else set()
+        vicunas = sorted(targets - {None})
+        target = vicunas[0] if len(vicunas) == 1 else PUBLISHED_MODEL  # the runs' own Vicuna, where they have one
+        pub = published_table(published, ours, model=target)
         _write_csv(pub, out / "published_specbench.csv")
         written.append(out / "published_specbench.csv")
-        md += ["## Published Spec-Bench leaderboard (published, other hardware and model)", "",
-               f"{PUBLISHED_MODEL} (and a larger Vicuna where a method is published only for it), greedy, "
+        other = "other hardware" if targets == {target} else "other hardware and model"
+        md += [f"## Published Spec-Bench leaderboard (published, {other})", "",
+               f"{target} (and a larger Vicuna where a method is published only for it), greedy, "
                "FP16, batch size 1, mean of 3 runs; Spec-Bench Leaderboard.md at "
                f"fd2c1cd, current RTX 3090 and A100 tables (from `{Path(published_csv).name}`). "
-               "Not comparable with ours: other hardware and model. Methods not on the leaderboard "
+               f"Not comparable with ours: {other}. Methods not on the leaderboard "
                "(LogitSpec) are absent; SAMD[EAGLE2] is SAM-Decoding with an EAGLE-2 fallback, where our `sam` "
                "falls back to Token Recycling.", ""]
         for (model, device), rows in (pub.groupby(["model", "device"], sort=False) if not pub.empty else []):
@@ -105,10 +150,12 @@ def build_all(results_dir: str | Path | list[str | Path], out_dir: str | Path,
             shown = shown.apply(lambda col: col.map(lambda v: "–" if pd.isna(v) else f"{v:.2f}"))
             md += [f"### {model} on {device} (`{rows.source_table.iloc[0]}`), published", "",
                    _markdown(shown), ""]
+        if not table.empty:
+            md += _versus_published(table, published, out, written)
     else:
         md += ["(Published Spec-Bench table skipped: reference CSV not found.)", ""]
 
-    paper = Path(published_csv).with_name(GUMIHO_PAPER) if published_csv is not None else None
+    paper = default_gumiho_paper_csv()
     gumiho = gumiho_table(summary, paper)
     if not gumiho.empty and (gumiho.source.str.startswith("ours")).any():
         _write_csv(gumiho, out / "gumiho.csv")
@@ -185,7 +232,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--results", nargs="+", default=["results/runs"],
                         help="folder(s) holding the run folders; each folder's methods are compared with its vanilla")
     parser.add_argument("--out", default="results/figures", help="where the tables and figures go")
-    parser.add_argument("--published", default=None, help="Spec-Bench leaderboard CSV (default: shared/reference)")
+    parser.add_argument("--published", default=None,
+                        help="Spec-Bench leaderboard CSV (default: results/published/specbench_leaderboard.csv)")
     parser.add_argument("--training-curves", action=argparse.BooleanOptionalAction, default=True,
                         help="draw the committed drafts' training curves (default: yes)")
     parser.add_argument("--motivation", nargs="*", default=None,

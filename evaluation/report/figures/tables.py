@@ -1,5 +1,8 @@
-"""Table 1 (speedup per subtask, overall MAT and speedup, mean ± sd over repeats) and the published Spec-Bench
-leaderboard rows of the same methods, in Table 1's layout."""
+"""Table 1 (speedup per subtask, overall MAT and speedup, mean ± sd over repeats), the published Spec-Bench
+leaderboard rows of the same methods in Table 1's layout, and our overall numbers beside the leaderboard's for the
+same target (ratios ours/published).
+
+The published numbers are read from `results/published/` only (its README names their sources and commits)."""
 
 from __future__ import annotations
 
@@ -8,13 +11,20 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from evaluation.catalog import available_methods, method_display
+from evaluation.catalog import available_methods, method_display, model_name
 from evaluation.report.figures.common import ROOT, summarize_settings
 from evaluation.questions import SUBTASK_TITLES, SUBTASKS
 from evaluation.report import method_sort_key
 
+PUBLISHED_DIR = ROOT / "results" / "published"
+PUBLISHED_CSV = "specbench_leaderboard.csv"
+GUMIHO_PAPER = "gumiho_paper.csv"
 PUBLISHED_TABLES = {"specbench_leaderboard_3090": "RTX 3090", "specbench_leaderboard_A100": "A100"}
 PUBLISHED_MODEL = "Vicuna-7B-v1.3"
+# Our target names (conf/model's `name`) -> the leaderboard's; the only place the two namings meet. Other targets
+# have no leaderboard rows.
+LEADERBOARD_MODELS = {"vicuna-7b-v1.3": "Vicuna-7B-v1.3", "vicuna-13b-v1.3": "Vicuna-13B-v1.3",
+                      "vicuna-33b-v1.3": "Vicuna-33B-v1.3"}
 
 TABLE1_SPEEDUP_COLUMNS = [SUBTASK_TITLES[s] for s in SUBTASKS]
 TABLE1_COLUMNS = [*TABLE1_SPEEDUP_COLUMNS, "Overall MAT", "Overall Speedup"]
@@ -77,11 +87,21 @@ def table1_display(table: pd.DataFrame, setting: str) -> pd.DataFrame:
 
 
 def default_published_csv() -> Path | None:
-    for candidate in (ROOT / "shared" / "reference" / "specbench_leaderboard.csv",
-                      ROOT.parent / "shared" / "reference" / "specbench_leaderboard.csv"):
-        if candidate.is_file():
-            return candidate
-    return None
+    """The Spec-Bench leaderboard rows kept in the repository (results/published/), or None if they have gone."""
+    path = PUBLISHED_DIR / PUBLISHED_CSV
+    return path if path.is_file() else None
+
+
+def default_gumiho_paper_csv() -> Path | None:
+    """The Gumiho paper's rows kept in the repository (results/published/), or None if they have gone."""
+    path = PUBLISHED_DIR / GUMIHO_PAPER
+    return path if path.is_file() else None
+
+
+def leaderboard_model(model: str) -> str | None:
+    """The leaderboard's name of our target `model` (a conf/model name or short name: vicuna-7b and vicuna-7b-v1.3
+    give Vicuna-7B-v1.3); None for a target the leaderboard does not have."""
+    return LEADERBOARD_MODELS.get(model_name(str(model)))
 
 
 def load_published(path: str | Path) -> pd.DataFrame:
@@ -131,3 +151,51 @@ def published_table(published: pd.DataFrame, methods=None, model: str = PUBLISHE
     table["_model"] = [models.index(m) for m in table.model]
     table = table.sort_values(["_model", "_device", "_order"], kind="stable")
     return table.drop(columns=["_order", "_device", "_model"]).reset_index(drop=True)
+
+
+COMPARISON_COLUMNS = ["setting", "setting_title", "model", "published_model", "method", "method_label", "repeats",
+                      "questions", "Overall Speedup", "Overall MAT", "published_method", "device", "source_table",
+                      "published Overall Speedup", "published Overall MAT", "Speedup ratio", "MAT ratio"]
+COMPARISON_TABLES = ("specbench_leaderboard_A100", "specbench_leaderboard_3090")  # the first that has the method
+
+
+def published_comparison(table: pd.DataFrame, published: pd.DataFrame, model: str) -> pd.DataFrame:
+    """Our Table 1 rows of target `model` beside the leaderboard's for the same target: overall speedup and MAT,
+    ours and published, and the ratios ours / published.
+
+    `table`: `table1()`'s output; `published`: `load_published()`'s; `model`: a target as our runs name it
+    (vicuna-7b-v1.3, or its short name). One row per row of ours (setting, method label); the published row is the
+    method's first `published_names` entry on the leaderboard for that target, from the A100 table where it has one
+    (it covers the three Vicuna sizes, the RTX 3090 table Vicuna-7B only), else from the RTX 3090 table (`device`
+    and `source_table` say which). A method the
+    leaderboard lacks (LogitSpec) keeps empty published columns. A target without leaderboard rows (every one but
+    Vicuna v1.3) gives an empty table.
+    """
+    target = leaderboard_model(model)
+    if target is None or table.empty:
+        return pd.DataFrame(columns=COMPARISON_COLUMNS)
+    ours = table[[model_name(str(m)) == model_name(str(model)) for m in table.model]]
+    ref = published[published["table"].isin(PUBLISHED_TABLES) & (published["model"] == target)
+                    & (published["subtask"] == "Overall")]
+    rows = []
+    for _, r in ours.iterrows():
+        row = {column: r[column] for column in ("setting", "setting_title", "model", "method", "method_label",
+                                                "repeats", "questions", "Overall Speedup", "Overall MAT")}
+        row["published_model"] = target
+        candidates = [(name, table_id) for name in method_display(r["method"]).published_names
+                      for table_id in COMPARISON_TABLES]
+        found = next(((name, table_id) for name, table_id in candidates
+                      if ((ref["method"] == name) & (ref["table"] == table_id)).any()), None)
+        if found is not None:
+            name, table_id = found
+            sel = ref[(ref["method"] == name) & (ref["table"] == table_id)].set_index("metric").value
+            row.update({"published_method": name, "device": PUBLISHED_TABLES[table_id], "source_table": table_id,
+                        "published Overall Speedup": sel.get("speedup", np.nan),
+                        "published Overall MAT": sel.get("mean_accepted_tokens", np.nan)})
+        rows.append(row)
+    result = pd.DataFrame(rows, columns=COMPARISON_COLUMNS)
+    for column in ("published Overall Speedup", "published Overall MAT", "Overall Speedup", "Overall MAT"):
+        result[column] = pd.to_numeric(result[column], errors="coerce")
+    result["Speedup ratio"] = result["Overall Speedup"] / result["published Overall Speedup"]
+    result["MAT ratio"] = result["Overall MAT"] / result["published Overall MAT"]
+    return result.reset_index(drop=True)
