@@ -79,7 +79,7 @@ class Medusa(CommittedHeads):
 
     @dataclass
     class Config:
-        heads: Optional[str] = None  # null: medusa/drafts/medusa/<model>/; random; a folder; a hub id
+        heads: Optional[str] = None  # null: committed, else released (conf/checkpoints.yaml); random; a folder; a hub id
         num_heads: int = 4  # heads used (Spec-Bench: 4 of the 5 the Vicuna checkpoints hold)
         tree: str = "mc_sim_7b_63"
         draft_vocab: Optional[int] = None  # random heads only: project onto N seeded random target ids
