@@ -90,9 +90,12 @@ class Eagle3Draft(nn.Module):
 
     @classmethod
     def for_target(cls, target_model, draft_vocab_size: int | None = None,
-                   attn_implementation: str = "sdpa") -> "Eagle3Draft":
-        config = draft_config(target_model.config, attn_implementation, layers=1)
-        config.head_dim = config.hidden_size // config.num_attention_heads  # upstream ignores a config head_dim
+                   attn_implementation: str = "sdpa", overrides: dict | None = None) -> "Eagle3Draft":
+        """A draft shaped by the target's config, or by `overrides` where a released draft's own config says
+        otherwise (its RoPE, its attention heads and head size)."""
+        config = draft_config(target_model.config, attn_implementation, 1, overrides)
+        if "head_dim" not in (overrides or {}):  # upstream (EAGLE's cnets.py) ignores a config head_dim
+            config.head_dim = config.hidden_size // config.num_attention_heads
         draft = cls(config, draft_vocab_size or config.vocab_size)
         draft.hidden_state_layers = fused_layers(target_model.config.num_hidden_layers)
         return draft.attach(target_model.get_input_embeddings())

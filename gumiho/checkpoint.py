@@ -30,7 +30,7 @@ from typing import Optional
 import torch
 
 from evaluation.engine.errors import HarnessError
-from gumiho.draft_model import GumihoDraft
+from gumiho.draft_model import GumihoDraft, config_rope
 
 OUR_WEIGHTS = "model.safetensors"
 UPSTREAM_WEIGHTS = "pytorch_model.bin"
@@ -141,8 +141,27 @@ def load_draft(source: str | os.PathLike, target_model, attn_implementation: str
     layers = count_layers(state)
     if not layers:
         raise HarnessError(f"draft {source} has no decoder layers (no layers.<i>.* keys)")
-    draft = GumihoDraft.for_target(target_model, count_heads(state), attn_implementation, layers)
+    if "fc.bias" not in state and config.get("bias") is False and "fc.weight" in state:
+        # EAGLE's `"bias": false` (its Llama-3 drafts): upstream builds fc without a bias and saves none; a zero
+        # bias is the same map. (Gumiho's configs say false too but its code ignores it: theirs hold fc.bias.)
+        state["fc.bias"] = torch.zeros(state["fc.weight"].shape[0], dtype=state["fc.weight"].dtype)
+    draft = GumihoDraft.for_target(target_model, count_heads(state), attn_implementation, layers,
+                                   {"rope_parameters": checkpoint_rope(config)})
     return fill(draft, state, source, target_model)
+
+
+# Upstream's draft code (EAGLE's cnets, Gumiho's, AngelSlim's) builds its RoPE from the draft's own config.json:
+# `rope_theta`, else this base, whatever the target uses.
+UPSTREAM_ROPE_THETA = 10000.0
+
+
+def checkpoint_rope(config: dict) -> dict:
+    """The RoPE of a draft checkpoint, in transformers 5's form: what its own config.json names (ours:
+    `rope_parameters`, the target's at training; upstream's: `rope_theta` and a `rope_scaling`), else upstream's
+    default base. Never the target's: a released draft runs with the RoPE it was trained with, which may differ
+    (EAGLE-3's Llama-3.1 training config names no base, so its draft runs at 10000 without llama3 scaling under a
+    target at 500000 with it; EAGLE's Llama-3 configs name 500000 without the scaling)."""
+    return config_rope(config) or {"rope_type": "default", "rope_theta": UPSTREAM_ROPE_THETA}
 
 
 def check_fits_target(source, config: dict, target_model) -> None:

@@ -59,22 +59,46 @@ def mlp_head(hidden_size: int) -> nn.Sequential:
                          *[ResidualBlock(hidden_size) for _ in range(RESIDUAL_BLOCKS)])
 
 
-def draft_config(target_config, attn_implementation: str = "sdpa", layers: int = SERIAL_LAYERS) -> LlamaConfig:
-    """A copy of the target's config with `layers` layers. RoPE parameters come from the target's config as
-    transformers 5 stores them (`rope_parameters`, SmolLM2's base is 1e5), never a silent default."""
+def config_rope(config: dict) -> dict | None:
+    """The RoPE a config (as a dict) names, in transformers 5's form: its `rope_parameters`, or a transformers-4
+    config's `rope_theta` with its `rope_scaling` (whose `type` is transformers 5's `rope_type`); None when it
+    names no base."""
+    rope = config.get("rope_parameters")
+    if isinstance(rope, dict):
+        return dict(rope)
+    if config.get("rope_theta") is None:
+        return None
+    rope = {"rope_type": "default", "rope_theta": float(config["rope_theta"])}
+    scaling = config.get("rope_scaling")
+    if isinstance(scaling, dict):
+        scaling = dict(scaling)
+        kind = scaling.pop("rope_type", None) or scaling.pop("type", None)
+        scaling.pop("type", None)
+        rope.update(scaling, rope_type=kind or "default")
+    return rope
+
+
+def draft_config(target_config, attn_implementation: str = "sdpa", layers: int = SERIAL_LAYERS,
+                 overrides: dict | None = None) -> LlamaConfig:
+    """A Llama config copied from the target's with `layers` layers, then `overrides` (a released draft's own
+    RoPE or attention shape). RoPE parameters come from the target's config as transformers 5 stores them
+    (`rope_parameters`, SmolLM2's base is 1e5), never a silent default."""
     source = target_config.to_dict() if hasattr(target_config, "to_dict") else dict(target_config)
     source = copy.deepcopy(source)
     for key in ("architectures", "auto_map", "quantization_config", "_name_or_path", "transformers_version"):
         source.pop(key, None)
+    # The draft is a stack of full-attention Llama layers whatever the target is: a per-layer list sized for the
+    # target's layer count (Qwen3's `layer_types`) would not fit it, and sliding windows are not the draft's.
+    for key in ("layer_types", "use_sliding_window", "sliding_window", "max_window_layers"):
+        source.pop(key, None)
     source["num_hidden_layers"] = layers
-    rope = source.get("rope_parameters")
-    if rope is None and "rope_theta" in source:  # a config written by transformers 4
-        rope = {"rope_type": "default", "rope_theta": source.pop("rope_theta")}
-        if source.get("rope_scaling"):
-            rope.update(source.pop("rope_scaling"))
+    rope = config_rope(source)
     if rope is None:
         raise ValueError("the target config names no RoPE base (rope_parameters or rope_theta)")
+    source.pop("rope_theta", None)
+    source.pop("rope_scaling", None)
     source["rope_parameters"] = rope
+    source.update(overrides or {})
     source["model_type"] = "llama"
     config = LlamaConfig(**source)
     config._attn_implementation = attn_implementation
@@ -106,8 +130,10 @@ class GumihoDraft(nn.Module):
 
     @classmethod
     def for_target(cls, target_model, mlp_num: int = 5, attn_implementation: str = "sdpa",
-                   layers: int = SERIAL_LAYERS) -> "GumihoDraft":
-        draft = cls(draft_config(target_model.config, attn_implementation, layers), mlp_num)
+                   layers: int = SERIAL_LAYERS, overrides: dict | None = None) -> "GumihoDraft":
+        """A draft shaped by the target's config (`overrides`: what a released draft's own config says otherwise,
+        its RoPE), using the target's embedding and head."""
+        draft = cls(draft_config(target_model.config, attn_implementation, layers, overrides), mlp_num)
         return draft.attach(target_model.get_input_embeddings(), target_model.get_output_embeddings())
 
     @property

@@ -40,7 +40,7 @@ class Hydra(CommittedHeads):
 
     @dataclass
     class Config:
-        heads: Optional[str] = None  # null: medusa/drafts/hydra/<model>/; random; a folder; a hub id
+        heads: Optional[str] = None  # null: committed, else released (conf/checkpoints.yaml); random; a folder; a hub id
         num_heads: int = 4
         tree: str = "mc_sim_7b_63"  # upstream's hydra_choices are Medusa's list
         seed: int = 0  # initialisation seed of heads=random

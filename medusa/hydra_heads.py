@@ -34,6 +34,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMS
 
 from evaluation.engine.errors import HarnessError
 from evaluation.engine.kv_cache import cache_argument
+from gumiho.draft_model import draft_config
 from medusa.heads import read_state, resolve_heads
 
 WEIGHTS = ("model.safetensors", "hydra_lm_head.safetensors", "hydra_lm_head.pt")
@@ -100,9 +101,12 @@ class HydraHeads(nn.Module):
         self.prefix = prefix
         self.base_model = getattr(target_config, "_name_or_path", "")
         if prefix:
-            self.prefix_layer = LlamaDecoderLayer(target_config, layer_idx=0)
-            self.prefix_norm = LlamaRMSNorm(hidden, eps=target_config.rms_norm_eps)
-            self.rotary = LlamaRotaryEmbedding(target_config)
+            # A Llama decoder layer with the target's sizes, head_dim and RoPE, whatever the target's own layers
+            # are (upstream's is Llama's; a Qwen3 config lacks fields a Llama layer reads, e.g. `mlp_bias`)
+            config = draft_config(target_config, getattr(target_config, "_attn_implementation", None) or "sdpa", 1)
+            self.prefix_layer = LlamaDecoderLayer(config, layer_idx=0)
+            self.prefix_norm = LlamaRMSNorm(hidden, eps=config.rms_norm_eps)
+            self.rotary = LlamaRotaryEmbedding(config)
         self.heads = nn.ModuleList(HydraHead(hidden, vocab, i, num_layers) for i in range(num_heads))
         self.register_buffer("vocab_ids", vocab_ids, persistent=vocab_ids is not None)
 

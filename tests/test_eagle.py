@@ -35,20 +35,23 @@ def random_tensors(shapes: dict, seed: int = 1) -> dict:
     return {key: torch.randn(shape, generator=g) * 0.2 for key, shape in shapes.items()}
 
 
-def eagle1_state_dict(h: int, inter: int, vocab: int, heads: int, kv: int) -> dict:
-    """EAGLE-1/2's released keys and shapes (one layer, no input norm in it, the embedding included)."""
-    d = h // heads
+def eagle1_state_dict(h: int, inter: int, vocab: int, heads: int, kv: int, head_dim: int | None = None,
+                      fc_bias: bool = True) -> dict:
+    """EAGLE-1/2's released keys and shapes (one layer, no input norm in it, the embedding included); the Llama-3
+    drafts (config `"bias": false`) have no fc.bias."""
+    d = head_dim or h // heads
     return random_tensors({
-        "embed_tokens.weight": (vocab, h), "fc.weight": (h, 2 * h), "fc.bias": (h,),
+        "embed_tokens.weight": (vocab, h), "fc.weight": (h, 2 * h), **({"fc.bias": (h,)} if fc_bias else {}),
         "layers.0.self_attn.q_proj.weight": (heads * d, h), "layers.0.self_attn.k_proj.weight": (kv * d, h),
         "layers.0.self_attn.v_proj.weight": (kv * d, h), "layers.0.self_attn.o_proj.weight": (h, heads * d),
         "layers.0.mlp.gate_proj.weight": (inter, h), "layers.0.mlp.up_proj.weight": (inter, h),
         "layers.0.mlp.down_proj.weight": (h, inter), "layers.0.post_attention_layernorm.weight": (h,)})
 
 
-def eagle3_state_dict(h: int, inter: int, heads: int, kv: int, draft_vocab: int) -> dict:
-    """EAGLE-3's released keys and shapes (cnets.py `Model`, saved without the frozen embedding)."""
-    d = h // heads
+def eagle3_state_dict(h: int, inter: int, heads: int, kv: int, draft_vocab: int, head_dim: int | None = None) -> dict:
+    """EAGLE-3's released keys and shapes (cnets.py `Model`, saved without the frozen embedding); `head_dim`: a
+    draft whose heads are not hidden / heads wide (AngelSlim's, from its config)."""
+    d = head_dim or h // heads
     return random_tensors({
         "fc.weight": (h, 3 * h),
         "midlayer.self_attn.q_proj.weight": (heads * d, 2 * h), "midlayer.self_attn.k_proj.weight": (kv * d, 2 * h),
@@ -88,12 +91,14 @@ def test_an_eagle_checkpoint_loads_and_round_trips(tmp_path):
     assert json.loads((tmp_path / "ours" / "config.json").read_text())["family"] == "eagle"
 
 
-def eagle3_reference(state: dict, target, features: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+def eagle3_reference(state: dict, target, features: torch.Tensor, tokens: torch.Tensor, head_dim: int | None = None,
+                     rotary=None) -> torch.Tensor:
     """Upstream's EAGLE-3 layer written out by hand for one causal sequence: fc, [input_norm(e) ; hidden_norm(g)]
-    into attention with the un-normalised g as the residual, then the MLP block, the norm and the head."""
+    into attention with the un-normalised g as the residual, then the MLP block, the norm and the head. `head_dim`
+    and `rotary` (the draft's RoPE): the target's hidden / heads and RoPE unless given."""
     c = target.config
     h, heads, kv = c.hidden_size, c.num_attention_heads, c.num_key_value_heads
-    d = h // heads
+    d = head_dim or h // heads
 
     def rms(x, key):
         return state[key] * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + c.rms_norm_eps)
@@ -104,11 +109,12 @@ def eagle3_reference(state: dict, target, features: torch.Tensor, tokens: torch.
     q = (x @ state["midlayer.self_attn.q_proj.weight"].T).view(n, heads, d).transpose(0, 1)
     k = (x @ state["midlayer.self_attn.k_proj.weight"].T).view(n, kv, d).transpose(0, 1)
     v = (x @ state["midlayer.self_attn.v_proj.weight"].T).view(n, kv, d).transpose(0, 1)
-    cos, sin = target.model.rotary_emb(x[None], torch.arange(n)[None])
+    cos, sin = (target.model.rotary_emb if rotary is None else rotary)(x[None], torch.arange(n)[None])
     q, k = apply_rotary_pos_emb(q[None], k[None], cos, sin)
     k, v = k[0].repeat_interleave(heads // kv, 0), v.repeat_interleave(heads // kv, 0)
     scores = (q[0] @ k.transpose(1, 2)) / d ** 0.5 + torch.full((n, n), float("-inf")).triu(1)
-    attended = (scores.softmax(-1) @ v).transpose(0, 1).reshape(n, h) @ state["midlayer.self_attn.o_proj.weight"].T
+    attended = (scores.softmax(-1) @ v).transpose(0, 1).reshape(n, heads * d)
+    attended = attended @ state["midlayer.self_attn.o_proj.weight"].T
     g = g + attended
     m = rms(g, "midlayer.post_attention_layernorm.weight")
     mlp = (torch.nn.functional.silu(m @ state["midlayer.mlp.gate_proj.weight"].T)
