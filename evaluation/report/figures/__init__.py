@@ -11,7 +11,8 @@ deviation over the repeats.
 
 Written to --out:
 - table1.md (Table 1 per setting, then the published Spec-Bench numbers, then the figure list with captions),
-  table1.tex, table1.csv, published_specbench.csv;
+  table1.tex, table1.csv, published_specbench.csv; table1_vs_published.csv (our overall speedup and MAT beside the
+  leaderboard's for the same target, with ours/published ratios) when the runs are of a Vicuna v1.3 target;
 - breakdown_<setting>.png/.pdf (Figure 4 analogue), acceptance_<setting>.png/.pdf, motivation_<name>.png/.pdf.
 
 Each figure has a function taking the tidy table of `load_runs` (plus, for the published table and the motivation
