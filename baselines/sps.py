@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from evaluation.checkpoints import default_source, released, unavailable
+from evaluation.checkpoints import PairedCheckpoint
 from evaluation.engine.errors import HarnessError, require
 from evaluation.engine.kv_cache import PositionalKVCache, cache_argument
 from evaluation.engine.method import DecodeState, Method, StepOutcome
@@ -116,11 +116,12 @@ def load_separate_draft(source: str, lm):
     return model
 
 
-class SpS(Method):
+class SpS(PairedCheckpoint, Method):
     """Speculative sampling with a draft model: one chain of up to `gamma` tokens per step."""
 
     checkpoint_kind = "draft-model"  # the draft models paired with targets (conf/checkpoints.yaml)
     checkpoint_option = "draft_model"
+    fallback = " (or run method=sps-self)"
 
     @dataclass
     class Config:
@@ -167,9 +168,7 @@ class SpS(Method):
             self.layers = self_draft_layers(config.draft_layers, lm.model.config.num_hidden_layers)
             self.draft_lm: DraftLM = SelfDraft(lm.model, self.layers, capacity, lm.device, lm.dtype)
         else:
-            source = self.trained_source(config, lm.name)
-            if source is None:
-                raise HarnessError(self.unavailable_reason(lm.name) + " (or run method=sps-self)")
+            source = self.checkpoint_source(config, lm.name)
             self.layers = None
             self.draft_lm = SeparateDraft(load_separate_draft(source, lm), capacity, lm.device,
                                           lm.dtype, lm.model.config.vocab_size)
@@ -177,21 +176,6 @@ class SpS(Method):
         self.gamma = float(config.gamma)
         self.proposed = 0  # tokens of the last draft
         self.fed = 0  # of them, those fed to the draft model (its cache holds them)
-
-    @classmethod
-    def trained_source(cls, config, model_name: str) -> str | None:
-        """`draft_model` as named; null: the draft model paired with the target (conf/checkpoints.yaml: Spec-Bench's
-        double7/vicuna-68m for Vicuna v1.3); none for the self-draft."""
-        if config.draft_model == "self":
-            return None
-        return config.draft_model or default_source(cls.checkpoint_kind, model_name, None)
-
-    @classmethod
-    def unavailable_reason(cls, model_name: str) -> str | None:
-        """A bench runs `sps` for a target with a paired draft model (Vicuna); `sps-self` runs for any."""
-        if released(model_name, cls.checkpoint_kind) is not None:
-            return None
-        return unavailable(cls.checkpoint_kind, model_name, None, None)
 
     @property
     def max_nodes(self) -> int:
@@ -250,9 +234,6 @@ class SpS(Method):
 
 class SelfSpeculative(SpS):
     """SpS drafting with the target's own first layers, its final norm and head (self-speculative decoding)."""
-
-    checkpoint_kind = None  # it reads no checkpoint: the target drafts for itself
-    checkpoint_option = None
 
     @dataclass
     class Config(SpS.Config):

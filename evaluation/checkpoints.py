@@ -107,6 +107,52 @@ def unavailable(kind: str, target: str, committed: Path | None, train_command: s
     train = f"train one: {train_command} MODEL={target}; or " if train_command else ""
     return f"no {title} {where} for {target} ({train}method.{option}=<hub id or folder>)"
 
+
+class PairedCheckpoint:
+    """What a method whose trained part is named by one option shares (mixed into its `Method` class): with the
+    option at null, the part committed under `committed_dir(model)`, else the release paired with the target. A
+    class sets `checkpoint_kind`, `checkpoint_option`, and `drafts_dir` and `train_command` when drafts are
+    committed for it."""
+
+    checkpoint_kind: str
+    checkpoint_option: str
+    drafts_dir: Path | None = None  # committed parts, one folder per target model name
+    train_command: str | None = None  # how to train one (named when none is there)
+    fallback: str = ""  # what else the user may run, for the error when there is nothing to load
+    NOT_LOADED = ("random", "self")  # option values that load no checkpoint (a seeded random part, the target)
+
+    @classmethod
+    def committed_dir(cls, model_name: str) -> Path | None:
+        return cls.drafts_dir / model_name if cls.drafts_dir is not None else None
+
+    @classmethod
+    def trained_source(cls, config, model_name: str) -> str | None:
+        """The option as named; null: the committed part, else the release paired with the target."""
+        named = getattr(config, cls.checkpoint_option)
+        if named in cls.NOT_LOADED:
+            return None
+        if named is not None:
+            return named
+        return default_source(cls.checkpoint_kind, model_name, cls.committed_dir(model_name))
+
+    @classmethod
+    def missing_checkpoint(cls, model_name: str) -> str:
+        """Why there is nothing to load for the target with the option at null, as one clause."""
+        return unavailable(cls.checkpoint_kind, model_name, cls.committed_dir(model_name), cls.train_command)
+
+    @classmethod
+    def unavailable_reason(cls, model_name: str) -> str | None:
+        if default_source(cls.checkpoint_kind, model_name, cls.committed_dir(model_name)) is not None:
+            return None
+        return cls.missing_checkpoint(model_name)
+
+    def checkpoint_source(self, config, model_name: str) -> str:
+        """The folder or hub id to load (`trained_source`); one line when there is none."""
+        source = self.trained_source(config, model_name)
+        if source is None:
+            raise HarnessError(f"{self.missing_checkpoint(model_name)}{self.fallback}")
+        return source
+
 def _shown(folder: Path) -> str:
     """A folder relative to the repository when it is inside it."""
     try:

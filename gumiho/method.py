@@ -23,7 +23,7 @@ from typing import Optional
 
 import torch
 
-from evaluation.checkpoints import default_source, unavailable
+from evaluation.checkpoints import PairedCheckpoint
 from evaluation.engine.kv_cache import PositionalKVCache
 from evaluation.engine.method import DecodeState, Method, StepOutcome
 from evaluation.engine.tree import DraftTree
@@ -84,7 +84,7 @@ class Beams:
     rows: list[list[int]]  # draft-cache rows (relative to the context) of the beam's ancestors
 
 
-class TreeDraftMethod(Method):
+class TreeDraftMethod(PairedCheckpoint, Method):
     """The machinery every trained-draft family shares (Gumiho, EAGLE, EAGLE-2, EAGLE-3): the draft's context cache,
     the serial levels, the reduced draft vocabulary, the selection. A family says which draft it builds
     (`random_draft`, `load_draft`), where its committed drafts live (`drafts_dir`) and how it grows a tree (`_grow`
@@ -96,38 +96,19 @@ class TreeDraftMethod(Method):
     checkpoint_kind = "gumiho"  # the released checkpoints it reads (conf/checkpoints.yaml)
     checkpoint_option = "draft"
     train_command = "make train-gumiho"  # how to train the committed draft (for the error when it is missing)
-
-    @classmethod
-    def committed_draft_dir(cls, model_name: str) -> Path:
-        return cls.drafts_dir / model_name
+    fallback = " (or method.draft=random)"
 
     @classmethod
     def input_files(cls, config, model_name: str) -> dict[str, Path]:
         """The draft's folder (the committed one when `draft` is null); a seeded random draft or a hub id has none
         here (a hub id is named in the options)."""
         if config.draft is None:
-            folder = cls.committed_draft_dir(model_name)
+            folder = cls.committed_dir(model_name)
         elif config.draft != "random" and _is_dir(config.draft):
             folder = Path(config.draft).expanduser()
         else:
             return {}
         return {"draft": folder} if folder.is_dir() else {}
-
-    @classmethod
-    def trained_source(cls, config, model_name: str) -> str | None:
-        """`draft` as named; null: the committed draft, else the released one paired with the target."""
-        if config.draft == "random":
-            return None
-        if config.draft is not None:
-            return config.draft
-        return default_source(cls.checkpoint_kind, model_name, cls.committed_draft_dir(model_name))
-
-    @classmethod
-    def unavailable_reason(cls, model_name: str) -> str | None:
-        """With the default options (`draft: null`), a draft committed for the model or one released for it."""
-        if default_source(cls.checkpoint_kind, model_name, cls.committed_draft_dir(model_name)) is not None:
-            return None
-        return unavailable(cls.checkpoint_kind, model_name, cls.committed_draft_dir(model_name), cls.train_command)
 
     # A family's draft: a seeded random one for the loaded target, or one read from a folder or hub id.
     @classmethod
@@ -157,10 +138,7 @@ class TreeDraftMethod(Method):
 
     def draft_source(self, config, lm) -> str:
         """The folder or hub id the draft is read from (`trained_source`); one line when there is none."""
-        source = self.trained_source(config, lm.name)
-        if source is None:
-            raise HarnessError(self.unavailable_reason(lm.name) + " (or method.draft=random)")
-        return source
+        return self.checkpoint_source(config, lm.name)
 
     def draft_vocabulary(self, config, lm) -> torch.Tensor | None:
         """The sorted target ids of a reduced draft vocabulary, or None for the whole one. A trained draft's are

@@ -76,7 +76,7 @@ class Hydra(CommittedHeads):
                     torch.nn.init.normal_(head.conditioned.linear.weight, std=0.02)
                     torch.nn.init.normal_(head.shared.linear.weight, std=0.02)
             return heads
-        return load_hydra_heads(self.heads_source(config, lm), lm.model, config.num_heads)
+        return load_hydra_heads(self.checkpoint_source(config, lm.name), lm.model, config.num_heads)
 
     @property
     def max_nodes(self) -> int:

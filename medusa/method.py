@@ -14,7 +14,7 @@ from typing import Optional
 
 import torch
 
-from evaluation.checkpoints import default_source, unavailable
+from evaluation.checkpoints import PairedCheckpoint
 from evaluation.engine.errors import HarnessError, require
 from evaluation.engine.method import DecodeState, Method, StepOutcome
 from evaluation.engine.options import require_choice, require_int_range
@@ -26,39 +26,11 @@ from medusa.tree import STATIC_TREES
 DRAFTS_DIR = Path(__file__).resolve().parent / "drafts" / "medusa"  # medusa/drafts/medusa/<model>/
 
 
-class CommittedHeads(Method):
+class CommittedHeads(PairedCheckpoint, Method):
     """A method whose trained heads are committed per target model under `drafts_dir/<model>/`."""
 
-    drafts_dir: Path
-    checkpoint_kind: str  # the released checkpoints it reads (conf/checkpoints.yaml)
     checkpoint_option = "heads"
-    train_command: str | None = None
-
-    @classmethod
-    def committed_dir(cls, model_name: str) -> Path:
-        return cls.drafts_dir / model_name
-
-    @classmethod
-    def trained_source(cls, config, model_name: str) -> str | None:
-        """`heads` as named; null: the committed heads, else the released ones paired with the target."""
-        if config.heads == "random":
-            return None
-        if config.heads is not None:
-            return config.heads
-        return default_source(cls.checkpoint_kind, model_name, cls.committed_dir(model_name))
-
-    @classmethod
-    def unavailable_reason(cls, model_name: str) -> str | None:
-        if default_source(cls.checkpoint_kind, model_name, cls.committed_dir(model_name)) is not None:
-            return None
-        return unavailable(cls.checkpoint_kind, model_name, cls.committed_dir(model_name), cls.train_command)
-
-    def heads_source(self, config, lm) -> str:
-        """The folder or hub id the heads are read from (`trained_source`); one line when there is none."""
-        source = self.trained_source(config, lm.name)
-        if source is None:
-            raise HarnessError(self.unavailable_reason(lm.name) + " (or method.heads=random)")
-        return source
+    fallback = " (or method.heads=random)"
 
     @classmethod
     def input_files(cls, config, model_name: str) -> dict[str, Path]:
@@ -124,7 +96,7 @@ class Medusa(CommittedHeads):
                 for head in heads:  # random blocks: heads that differ from the target's own head
                     torch.nn.init.normal_(head[0].linear.weight, std=0.02)
             return heads
-        return load_heads(self.heads_source(config, lm), lm.model, config.num_heads)
+        return load_heads(self.checkpoint_source(config, lm.name), lm.model, config.num_heads)
 
     @property
     def max_nodes(self) -> int:

@@ -36,8 +36,9 @@ def test_the_pairing_table_names_real_targets_methods_and_hub_ids():
         for method in kind.methods:
             cls = import_class(config_method(method).target)
             assert cls.checkpoint_kind == kind.name and cls.checkpoint_option == kind.option, method
-    trained = {name for name, entry in catalog().items()
-               if getattr(import_class(entry.target), "checkpoint_kind", None)}
+    trained = {name for name, entry in catalog().items()  # the methods that load a checkpoint by default
+               if getattr(import_class(entry.target), "checkpoint_option", None)
+               and getattr(import_class(entry.target).Config(), import_class(entry.target).checkpoint_option) is None}
     assert trained == {config_method(m).name for k in kinds().values() for m in k.methods}
     for entry in pairing_table():
         assert (ROOT / "conf" / "model" / f"{entry.target}.yaml").is_file(), entry
@@ -189,3 +190,10 @@ def test_fetch_checkpoints_plans_the_target_and_each_paired_checkpoint_once(tmp_
     fetch("vicuna-7b", tmp_path / "d", dry_run=True)
     out = capsys.readouterr().out
     assert all(hub_id in out for hub_id in VICUNA_7B.values()) and not (tmp_path / "d").exists()
+
+
+def test_a_null_option_with_nothing_to_load_is_one_line_naming_the_fallback(lm):
+    from baselines.sps import SelfSpeculative
+
+    with pytest.raises(HarnessError, match=r"^no SpS draft model released for smollm2-135m \(.*\) \(or run method=sps-self\)$"):
+        SelfSpeculative(SelfSpeculative.Config(draft_model=None), lm)

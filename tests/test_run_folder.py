@@ -67,7 +67,7 @@ def test_a_draft_retrained_in_place_is_a_new_run(tmp_path):
     committed = identity(small_config(tmp_path, questions_file(tmp_path), "method=gumiho-serial"))
     assert committed["inputs_sha256"] == {"draft": content_sha256(committed_draft_dir("smollm2-135m"))}
     eagle = identity(small_config(tmp_path, questions_file(tmp_path), "method=eagle2"))
-    assert eagle["inputs_sha256"] == {"draft": content_sha256(Eagle2.committed_draft_dir("smollm2-135m"))}
+    assert eagle["inputs_sha256"] == {"draft": content_sha256(Eagle2.committed_dir("smollm2-135m"))}
     assert "inputs_sha256" not in identity(small_config(tmp_path, questions_file(tmp_path), "method=pld"))
 
 

@@ -87,7 +87,7 @@ def test_eagle_jobs_hand_upstream_our_draft_as_its_eamodel_loads_it(lm, tmp_path
               "layers.0.mlp.gate_proj.weight": (inner, hidden), "layers.0.mlp.up_proj.weight": (inner, hidden),
               "layers.0.mlp.down_proj.weight": (hidden, inner), "layers.0.post_attention_layernorm.weight": (hidden,)}
     assert sorted(shapes) == sorted(UPSTREAM_EAGLE_KEYS)
-    committed = read_weights(Eagle.committed_draft_dir(lm.name))
+    committed = read_weights(Eagle.committed_dir(lm.name))
     jobs = {method: JOBS[method](lm, tmp_path) for method in ("eagle", "eagle2")}
     for job in jobs.values():
         state = load_file(job["eagle_weights"])

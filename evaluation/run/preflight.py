@@ -47,9 +47,8 @@ def needs(spec) -> list[Need]:
     trained = cls.trained_source(options, model.name)
     option = getattr(cls, "checkpoint_option", None)
     if trained is None and option and getattr(options, option, None) is None:
-        reason = cls.unavailable_reason(model.name)  # nothing committed or released: no fetch brings it
-        if reason:
-            items.append(Need(reason, "", "none"))
+        # nothing committed or released for the target: no fetch brings it
+        items.append(Need(cls.missing_checkpoint(model.name), "", "none"))
     if trained is not None:
         kind = getattr(cls, "checkpoint_kind", "trained part")
         local = Path(trained).expanduser().is_dir()

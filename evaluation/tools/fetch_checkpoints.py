@@ -42,7 +42,6 @@ def plan(model: str) -> list[Item]:
     """The target `model` (a conf/model name or short name) and every released checkpoint paired with it that a bench
     of it runs, each hub id once."""
     from evaluation.catalog import bench_plan, config_method, import_class, model_name
-    from evaluation.checkpoints import released
 
     name = model_name(model)
     hf_id = target_hub_id(model)
@@ -51,10 +50,9 @@ def plan(model: str) -> list[Item]:
     by_id: dict[str, list[str]] = {}
     for config_name in settings:
         cls = import_class(config_method(config_name).target)
-        kind = getattr(cls, "checkpoint_kind", None)
-        entry = released(name, kind) if kind else None
-        if entry is not None:
-            by_id.setdefault(entry.hub_id, [kind]).append(config_name)
+        hub_id = cls.trained_source(cls.Config(), name)  # what it loads with its defaults
+        if hub_id is not None and not Path(hub_id).is_dir():
+            by_id.setdefault(hub_id, [cls.checkpoint_kind]).append(config_name)
     for hub_id, (kind, *methods) in by_id.items():
         items.append(Item(f"{kind} ({', '.join(methods)})", hub_id))
     return items

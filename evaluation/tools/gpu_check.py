@@ -69,7 +69,7 @@ def cached_pairings() -> dict[str, list[str]]:
     """For each target of conf/checkpoints.yaml whose weights are in the hub's local cache: vanilla and every method
     whose paired checkpoint is cached too, as interleave cells (a short float16 slice of each in `make gpu-check`)."""
     from evaluation.catalog import bench_plan, config_method, import_class
-    from evaluation.checkpoints import released, targets
+    from evaluation.checkpoints import targets
     from evaluation.run.preflight import in_hub_cache
     from evaluation.tools.fetch_checkpoints import target_hub_id
 
@@ -80,9 +80,9 @@ def cached_pairings() -> dict[str, list[str]]:
             continue
         cells = []
         for config_name in bench_plan(target)[0][1:]:
-            kind = getattr(import_class(config_method(config_name).target), "checkpoint_kind", None)
-            entry = released(target, kind) if kind else None
-            if entry is not None and in_hub_cache(entry.hub_id):
+            cls = import_class(config_method(config_name).target)
+            source = cls.trained_source(cls.Config(), target)  # what it loads with its defaults
+            if source is not None and in_hub_cache(source):
                 cells.append(f"method={config_name}")
         if cells:
             found[target] = ["method=vanilla", *cells]
