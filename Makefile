@@ -32,7 +32,7 @@ OUT       ?= results
 METHODS   ?=
 
 .PHONY: help setup setup-gpu check-environment setup-cluster data datastore test bench report figures ablations exactness upstream-parity \
-	bench-engine gpu-check reproduce-specbench fetch-checkpoints offline-bundle offline-check half-precision results-page clean bench-families train-medusa train-hydra
+	bench-engine gpu-check reproduce-specbench fetch-checkpoints offline-bundle offline-check half-precision results-page clean bench-families
 
 help:  ## [instant] list the targets, with their duration on 2 CPU cores
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -113,9 +113,9 @@ fetch-checkpoints: setup data  ## [download-bound] MODEL's target, paired checkp
 # The trained-draft families side by side on the bench slice (interleaved, one process), with EAGLE-2's and Gumiho's
 # reduced draft vocabularies (method.draft_vocab); the report set goes to results/families/.
 FAMILY_VOCABS ?= 4096 8192 16384
-bench-families: setup data  ## [~45 min] eagle, eagle2, eagle3, gumiho, medusa and hydra where committed (each also with the draft budget), gumiho-serial and the draft-vocabulary sweep on the bench slice
-	families=$$($(PY) -m evaluation.catalog bench-settings $(MODEL) | tr , '\n' \
-		| grep -E '^(eagle|eagle2|eagle3|gumiho|gumiho-serial|medusa|hydra)$$'); set --; \
+bench-families: setup data  ## [~45 min] every trained family's methods (conf/family/) where a draft is there (each also with the draft budget), the draft-vocabulary sweep, on the bench slice
+	pattern="^($$($(PY) -m evaluation.families methods | tr ' ' '|'))$$"; \
+	families=$$($(PY) -m evaluation.catalog bench-settings $(MODEL) | tr , '\n' | grep -E "$$pattern"); set --; \
 	for f in $$families; do set -- "$$@" "method=$$f"; \
 		[ $$f = gumiho-serial ] || set -- "$$@" "method=$$f run.draft_budget=auto"; done; \
 	$(PY) -m evaluation.run.interleave method=vanilla "$$@" \
@@ -191,34 +191,16 @@ clean:  ## [instant] remove scratch that nothing resumes from (never saved runs 
 		fi; \
 	done
 
-# The draft for MODEL (conf/train/<MODEL>.yaml when present, else conf/train/default.yaml); a rerun resumes.
-# Budget and options: make train-gumiho TRAIN_ARGS="train.max_minutes=120"
+# A draft of FAMILY for MODEL: the recipe conf/train/<MODEL>.yaml when present, else conf/train/default.yaml, with
+# the family's own defaults laid over it (conf/family/<FAMILY>.yaml); a rerun resumes. Budget and options:
+# make train FAMILY=eagle TRAIN_ARGS="train.max_minutes=120". make train-<family> is the same for each family.
+FAMILY ?= gumiho
+FAMILIES := $(sort $(basename $(notdir $(wildcard conf/family/*.yaml))))
 TRAIN_ARGS ?=
 TRAIN_RECIPE = $(if $(wildcard conf/train/$(MODEL).yaml),$(MODEL),default)
-.PHONY: train-gumiho
-train-gumiho: setup data  ## [train.max_minutes: 120 for smollm2-135m] train a Gumiho draft for MODEL (resumable)
-	$(PY) -m evaluation.tools.train_gumiho model=$(MODEL) train=$(TRAIN_RECIPE) $(TRAIN_ARGS)
+.PHONY: train $(addprefix train-,$(FAMILIES))
+train: setup data  ## [train.max_minutes: 120 for smollm2-135m] train a draft of FAMILY (conf/family/) for MODEL (resumable)
+	$(PY) -m evaluation.tools.train family=$(FAMILY) model=$(MODEL) train=$(TRAIN_RECIPE) $(TRAIN_ARGS)
 
-# EAGLE's draft (one decoder layer, no heads) for MODEL with the same recipe and data; eagle and eagle2 use it.
-.PHONY: train-eagle
-train-eagle: setup data  ## [train.max_minutes: 120 for smollm2-135m] train an EAGLE draft for MODEL (resumable)
-	$(PY) -m evaluation.tools.train_gumiho model=$(MODEL) train=$(TRAIN_RECIPE) train.family=eagle train.mlp_num=0 \
-		$(TRAIN_ARGS)
-
-# EAGLE-3's draft for MODEL: the training-time test over the recipe's draft vocabulary (train.draft_vocab).
-# Medusa-1 heads (medusa/heads.py) for MODEL: upstream's loss (cross-entropy of head k against the token k + 2
-# ahead) and learning rate, the recipe's data; medusa uses them.
-.PHONY: train-medusa
-train-medusa: setup data  ## [train.max_minutes: 60 for smollm2-135m] train Medusa heads for MODEL (resumable)
-	$(PY) -m evaluation.tools.train_gumiho model=$(MODEL) train=$(TRAIN_RECIPE) train.family=medusa train.mlp_num=0 \
-		train.lr=1e-3 $(TRAIN_ARGS)
-
-.PHONY: train-hydra
-train-hydra: setup data  ## [train.max_minutes: 60 for smollm2-135m] train Hydra++ heads for MODEL (resumable)
-	$(PY) -m evaluation.tools.train_gumiho model=$(MODEL) train=$(TRAIN_RECIPE) train.family=hydra train.mlp_num=0 \
-		train.lr=5e-4 $(TRAIN_ARGS)
-
-.PHONY: train-eagle3
-train-eagle3: setup data  ## [train.max_minutes: 120 for smollm2-135m] train an EAGLE-3 draft for MODEL (resumable)
-	$(PY) -m evaluation.tools.train_gumiho model=$(MODEL) train=$(TRAIN_RECIPE) train.family=eagle3 train.mlp_num=0 \
-		$(TRAIN_ARGS)
+$(addprefix train-,$(FAMILIES)): train-%:
+	$(MAKE) train FAMILY=$*

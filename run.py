@@ -23,7 +23,7 @@ register_configs()
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg) -> None:
-    from evaluation import report
+    from evaluation.report.cli import main as report_main
     from evaluation.run.orchestrate import run
 
     try:
@@ -32,7 +32,7 @@ def main(cfg) -> None:
         if cfg.run.report and launched_elsewhere():
             print(f"Report: `python -m evaluation.report --results {cfg.run.results_dir}` once every job is done")
         elif cfg.run.report:
-            report.main(["--results", cfg.run.results_dir, "--quiet-if-empty"])
+            report_main(["--results", cfg.run.results_dir, "--quiet-if-empty"])
     except HarnessError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)

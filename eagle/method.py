@@ -1,4 +1,4 @@
-"""The EAGLE family on the shared trained-draft machinery (docs/methods/eagle.md; `gumiho.method.TreeDraftMethod`).
+"""The EAGLE family on the shared trained-draft machinery (docs/methods/eagle.md; `drafts.method.TreeDraftMethod`).
 
   - `Eagle` (EAGLE-1): EAGLE's one-layer draft and a static tree of rank paths (`eagle/tree.py`): one draft
     forward per depth over the nodes that have children; a leaf's token is its parent's ranked prediction.
@@ -13,38 +13,35 @@ Every tree is verified by the engine, so greedy output equals the target's whate
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Optional
 
 import torch
 
+from drafts.method import Beams, TreeDraftMethod, check_draft_source
+from drafts.serial_draft import SerialDraft
+from drafts.tree import Pool, StaticTree, expand, layout, select_nodes
+from eagle.tree import STATIC_TREES
 from evaluation.engine.errors import HarnessError, require
 from evaluation.engine.method import DecodeState
 from evaluation.engine.options import MAX_DRAFT_NODES, require_int_range
 from evaluation.engine.tree import DraftTree
-from gumiho.draft_model import GumihoDraft
-from gumiho.method import DRAFTS_DIR as GUMIHO_DRAFTS, Beams, TreeDraftMethod, check_draft_source
-from gumiho.tree import Pool, expand, layout, select_nodes
-from eagle.tree import STATIC_TREES, StaticTree
 
-DRAFTS_DIR = Path(__file__).resolve().parent / "drafts"  # eagle/drafts/<family>/<model>/
 EAGLE_LAYERS = 1  # EAGLE-1/2's draft: one decoder layer
 
 
 class EagleDrafts(TreeDraftMethod):
     """EAGLE's draft (fc, one decoder layer, the target's head), committed under eagle/drafts/eagle/."""
 
-    drafts_dir = DRAFTS_DIR / "eagle"
-    train_command = "make train-eagle"
+    trained_family = "eagle"
     checkpoint_kind = "eagle"
 
     @classmethod
     def random_draft(cls, lm):
-        return GumihoDraft.for_target(lm.model, mlp_num=0, layers=EAGLE_LAYERS)
+        return SerialDraft.for_target(lm.model, mlp_num=0, layers=EAGLE_LAYERS)
 
     @classmethod
     def load_draft(cls, source: str, lm):
-        from gumiho.checkpoint import load_draft
+        from drafts.checkpoint import load_draft
 
         draft = load_draft(source, lm.model)
         if draft.mlp_num:
@@ -176,16 +173,14 @@ class Eagle2(DynamicTree, EagleDrafts):
 class GumihoSerial(DynamicTree):
     """EAGLE-2's dynamic tree on the committed Gumiho draft, its MLP heads unused: what Gumiho's heads add."""
 
-    drafts_dir = GUMIHO_DRAFTS
-    train_command = "make train-gumiho"
+    trained_family = "gumiho"
 
 
 # ----------------------------------------------------------------------------------------------- EAGLE-3
 class Eagle3(DynamicTree):
     """EAGLE-2's dynamic tree on the EAGLE-3 draft: fused low, middle and high target features."""
 
-    drafts_dir = DRAFTS_DIR / "eagle3"
-    train_command = "make train-eagle3"
+    trained_family = "eagle3"
     checkpoint_kind = "eagle3"
 
     @classmethod

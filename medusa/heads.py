@@ -5,7 +5,7 @@ then a projection of v onto the vocabulary; it predicts the token k + 2 places a
 (the target's own head predicts the next one). Released checkpoints (`FasterDecoding/medusa-vicuna-7b-v1.3`, ...)
 are a `config.json` (`medusa_num_heads`, `medusa_num_layers`) and `medusa_lm_head.pt`, a state dict with keys
 `{k}.{i}.linear.weight|bias` (block i of head k) and `{k}.{n}.weight` (its projection, n = the block count).
-Heads trained here are written by the drafts' writer (`gumiho.checkpoint.save_draft`: float16 `model.safetensors`
+Heads trained here are written by the drafts' writer (`drafts.checkpoint.save_draft`: float16 `model.safetensors`
 with the same keys, a config with the same fields, a manifest), plus `vocab_ids` when the projection covers a
 reduced vocabulary (the sorted target ids of its rows).
 """
@@ -20,6 +20,8 @@ import torch
 from torch import nn
 
 from evaluation.engine.errors import HarnessError, require
+from evaluation.engine.options import require_int_range
+from evaluation.hub import is_folder_or_hub_id, resolve
 
 WEIGHTS = ("model.safetensors", "medusa_lm_head.safetensors", "medusa_lm_head.pt")
 
@@ -77,7 +79,7 @@ class MedusaHeads(nn.ModuleList):
     def trainable_parameters(self):
         return list(self.parameters())
 
-    # what the drafts' writer (`gumiho.checkpoint.save_draft`) asks of a draft
+    # what the drafts' writer (`drafts.checkpoint.save_draft`) asks of a draft
     @property
     def config(self) -> SimpleNamespace:
         fields = {"medusa_num_heads": self.num_heads, "medusa_num_layers": self.num_layers,
@@ -99,32 +101,15 @@ def read_state(path: Path) -> dict[str, torch.Tensor]:
 
 def check_heads_source(heads, seed) -> None:
     """`heads` is null, `random`, an existing folder or a hub id (owner/name); the seed fits torch's."""
-    from evaluation.engine.options import require_int_range
-    from gumiho.method import is_folder_or_hub_id
-
     ok = heads is None or heads == "random" or is_folder_or_hub_id(heads)
     require(ok, "heads", heads, "null (the committed heads), random, an existing folder or a hub id owner/name")
     require_int_range("seed", seed, 0, 2**63 - 1)
 
 
-def resolve_heads(source: str, files=WEIGHTS) -> Path:
-    """A folder as it is; a hub id through the hub's cache (its `config.json` and `files`)."""
-    path = Path(source).expanduser()
-    if path.is_dir():
-        return path
-    try:
-        from huggingface_hub import snapshot_download
-
-        return Path(snapshot_download(source, allow_patterns=["config.json", *files]))
-    except Exception as exc:  # not a folder, not in the hub's cache or reachable
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise HarnessError(f"heads {source!r}: not a folder and not loadable from the hub ({first})") from None
-
-
 def load_heads(source: str, target, num_heads: int | None = None) -> MedusaHeads:
     """Heads from a folder or hub id in upstream's layout, checked against `target`; `num_heads` keeps the first
     ones (Spec-Bench runs 4 of the 5 the Vicuna checkpoints hold). One line when they do not fit."""
-    folder = resolve_heads(source)
+    folder = resolve(source, WEIGHTS, "Medusa heads")
     config_path = folder / "config.json"
     config = json.loads(config_path.read_text()) if config_path.is_file() else {}
     files = [folder / name for name in WEIGHTS if (folder / name).is_file()]

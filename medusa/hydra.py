@@ -10,7 +10,6 @@ verifies the tree: greedy output is the target's whatever the heads propose.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Optional
 
 import torch
@@ -20,22 +19,18 @@ from evaluation.engine.kv_cache import PositionalKVCache
 from evaluation.engine.method import DecodeState, StepOutcome
 from evaluation.engine.options import require_choice, require_int_range
 from evaluation.engine.tree import DraftTree
-from eagle.tree import StaticTree
+from drafts.tree import StaticTree
 from medusa.heads import check_heads_source
 from medusa.hydra_heads import HydraHeads, load_hydra_heads
 from medusa.method import CommittedHeads
 from medusa.tree import STATIC_TREES
-
-DRAFTS_DIR = Path(__file__).resolve().parent / "drafts" / "hydra"  # medusa/drafts/hydra/<model>/
-
 
 class Hydra(CommittedHeads):
     """Hydra++: a prefix layer over the committed states, heads conditioned on their path, a static tree."""
 
     needs_hidden_states = True
     hidden_state_layers = (-1,)  # the last layer after the final norm (upstream's hidden_state_offset 0)
-    drafts_dir = DRAFTS_DIR
-    train_command = "make train-hydra"
+    trained_family = "hydra"
     checkpoint_kind = "hydra"
 
     @dataclass

@@ -17,7 +17,7 @@ Released checkpoints (`ankner/hydra-vicuna-7b-v1.3`, ...): `config.json` (`hydra
 `input_embed_fn.weight` (a copy of the target's embedding, not used: the target's own is), `hydra_mlp.{i}.1.*`
 (the conditioned block), `hydra_mlp.{i}.3.linear.*` (the shared block, also stored under `.5.` and `.7.`),
 `hydra_lm_head.{i}.1.weight|bias`. Heads trained here are written by the drafts' writer
-(`gumiho.checkpoint.save_draft`: float16 `model.safetensors` under this module's own keys, upstream's config fields,
+(`drafts.checkpoint.save_draft`: float16 `model.safetensors` under this module's own keys, upstream's config fields,
 a manifest), plus `vocab_ids` when the projections cover a reduced vocabulary; `save_upstream` writes upstream's
 layout.
 """
@@ -34,8 +34,9 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMS
 
 from evaluation.engine.errors import HarnessError
 from evaluation.engine.kv_cache import cache_argument
-from gumiho.draft_model import draft_config
-from medusa.heads import read_state, resolve_heads
+from drafts.serial_draft import draft_config
+from evaluation.hub import resolve
+from medusa.heads import read_state
 
 WEIGHTS = ("model.safetensors", "hydra_lm_head.safetensors", "hydra_lm_head.pt")
 ARCHITECTURES = ("prefix-mlp", "mlp")
@@ -140,7 +141,7 @@ class HydraHeads(nn.Module):
     def trainable_parameters(self):
         return list(self.parameters())
 
-    # what the drafts' writer (`gumiho.checkpoint.save_draft`) asks of a draft: upstream's config fields
+    # what the drafts' writer (`drafts.checkpoint.save_draft`) asks of a draft: upstream's config fields
     @property
     def config(self) -> SimpleNamespace:
         fields = {"hydra_head_arch": "prefix-mlp" if self.prefix else "mlp", "grounded_heads": True,
@@ -184,7 +185,7 @@ def upstream_state(heads: HydraHeads) -> dict[str, torch.Tensor]:
 def load_hydra_heads(source: str, target, num_heads: int | None = None) -> HydraHeads:
     """Hydra heads from a folder or hub id in upstream's layout, checked against `target`; one line when they do
     not fit."""
-    folder = resolve_heads(source, WEIGHTS)
+    folder = resolve(source, WEIGHTS, "Hydra heads")
     config_path = folder / "config.json"
     config = json.loads(config_path.read_text()) if config_path.is_file() else {}
     arch = config.get("hydra_head_arch", "prefix-mlp")
@@ -196,7 +197,7 @@ def load_hydra_heads(source: str, target, num_heads: int | None = None) -> Hydra
     if not files:
         raise HarnessError(f"Hydra heads {source!r}: no {' or '.join(WEIGHTS)} in {folder}")
     state = read_state(files[0])
-    if any(k.startswith("heads.") for k in state):  # heads trained here: our keys (gumiho.checkpoint.save_draft)
+    if any(k.startswith("heads.") for k in state):  # heads trained here: our keys (drafts.checkpoint.save_draft)
         state = {(k if k == "vocab_ids" else _upstream_key(k)): v for k, v in state.items()}
     vocab_ids = state.get("vocab_ids")
     if vocab_ids is not None and (vocab_ids.min() < 0 or vocab_ids.max() >= target.config.vocab_size):

@@ -19,15 +19,12 @@ from evaluation.engine.errors import HarnessError, require
 from evaluation.engine.method import DecodeState, Method, StepOutcome
 from evaluation.engine.options import require_choice, require_int_range
 from evaluation.engine.tree import DraftTree
-from eagle.tree import StaticTree
+from drafts.tree import StaticTree
 from medusa.heads import MedusaHeads, check_heads_source, load_heads
 from medusa.tree import STATIC_TREES
 
-DRAFTS_DIR = Path(__file__).resolve().parent / "drafts" / "medusa"  # medusa/drafts/medusa/<model>/
-
-
 class CommittedHeads(PairedCheckpoint, Method):
-    """A method whose trained heads are committed per target model under `drafts_dir/<model>/`."""
+    """A method whose trained heads are committed per target model (its `trained_family`'s folder)."""
 
     checkpoint_option = "heads"
     fallback = " (or method.heads=random)"
@@ -45,8 +42,7 @@ class Medusa(CommittedHeads):
 
     needs_hidden_states = True
     hidden_state_layers = (-1,)  # the last layer after the final norm, what the heads were trained on
-    drafts_dir = DRAFTS_DIR
-    train_command = "make train-medusa"
+    trained_family = "medusa"
     checkpoint_kind = "medusa"
 
     @dataclass

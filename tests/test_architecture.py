@@ -1,9 +1,12 @@
-"""The house's rules, read from the sources: no import circle, and no import that runs back up the layers.
+"""The house's rules, read from the sources: no import circle, no import that runs back up the layers, and no
+method package that imports another.
 
 Layers, bottom up: the engine (a library: torch, transformers and itself), the shared modules (the method catalog,
-models, questions, templates, files, provenance, versions), the methods (`baselines`, `logitspec`, `gumiho`, `eagle`, `medusa`), the
-report and figures, the run path (`evaluation.run`), the standalone commands (`evaluation.tools`). A module may
-import its own layer and those below. Every import counts, at the top of a file or inside a function.
+the family registry, models, questions, corpus, hub, templates, files, provenance, versions), what trained drafts
+share (`drafts`: checkpoints, the tree-draft base, training data, the trainer), the methods (`baselines`,
+`logitspec`, `gumiho`, `eagle`, `medusa`: each imports only the layers below and itself), the report and figures,
+the run path (`evaluation.run`), the standalone commands (`evaluation.tools`). A module may import its own layer
+and those below. Every import counts, at the top of a file or inside a function.
 """
 
 from __future__ import annotations
@@ -16,14 +19,17 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("evaluation", "baselines", "logitspec", "gumiho", "eagle", "medusa")
-LAYERS = ("engine", "shared", "methods", "report", "run", "tools")
+METHOD_PACKAGES = ("baselines", "logitspec", "gumiho", "eagle", "medusa")
+PACKAGES = ("evaluation", "drafts", *METHOD_PACKAGES)
+LAYERS = ("engine", "shared", "drafts", "methods", "report", "run", "tools")
 
 
 def layer(module: str) -> str:
     parts = module.split(".")
-    if parts[0] in ("baselines", "logitspec", "gumiho", "eagle", "medusa"):
+    if parts[0] in METHOD_PACKAGES:
         return "methods"
+    if parts[0] == "drafts":
+        return "drafts"
     if len(parts) > 1 and parts[1] in ("engine", "report", "run", "tools"):
         return parts[1]
     return "shared"  # evaluation itself and its top-level modules
@@ -102,12 +108,22 @@ def upward_imports(graph: dict[str, set[str]]) -> list[str]:
                   if LAYERS.index(layer(t)) > LAYERS.index(layer(m)))
 
 
+def cross_method_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Imports from one method package into another: methods share only what the layers below hold."""
+    return sorted(f"{m} imports {t}" for m, targets in graph.items() for t in targets
+                  if layer(m) == layer(t) == "methods" and m.split(".")[0] != t.split(".")[0])
+
+
 def test_no_import_circle():
     assert circles(import_graph()) == []
 
 
 def test_no_import_runs_back_up():
     assert upward_imports(import_graph()) == []
+
+
+def test_no_method_package_imports_another():
+    assert cross_method_imports(import_graph()) == []
 
 
 def test_the_rules_catch_a_circle_and_an_upward_import(tmp_path):
@@ -123,6 +139,22 @@ def test_the_rules_catch_a_circle_and_an_upward_import(tmp_path):
     assert sorted(map(tuple, circles(graph))) == [("evaluation.engine.loop", "evaluation.run.answer"),
                                                   ("evaluation.models", "evaluation.questions")]
     assert upward_imports(graph) == ["evaluation.engine.loop (engine) imports evaluation.run.answer (run)"]
+
+
+def test_the_rules_catch_a_cross_method_import_and_a_shared_package_reaching_into_a_method(tmp_path):
+    """A method borrowing another's module (as eagle once took gumiho's draft) and the drafts' shared package
+    reaching up into a family are both found; a method using the shared package is allowed."""
+    planted = {"evaluation": {"__init__.py": ""},
+               "drafts": {"__init__.py": "", "tree.py": "", "method.py": "import gumiho.draft\n"},
+               "gumiho": {"__init__.py": "", "draft.py": "from drafts.tree import x\n"},
+               "eagle": {"__init__.py": "", "method.py": "def f():\n    from gumiho.draft import y\n"}}
+    for package, files in planted.items():
+        (tmp_path / package).mkdir(parents=True, exist_ok=True)
+        for name, text in files.items():
+            (tmp_path / package / name).write_text(text)
+    graph = import_graph(tmp_path)
+    assert cross_method_imports(graph) == ["eagle.method imports gumiho.draft"]
+    assert upward_imports(graph) == ["drafts.method (drafts) imports gumiho.draft (methods)"]
 
 
 def test_the_engine_imports_only_itself_torch_and_transformers():
@@ -147,8 +179,8 @@ def test_the_engine_imports_only_itself_torch_and_transformers():
                                      "from evaluation.catalog import catalog; catalog()"])
 def test_the_report_imports_neither_torch_nor_a_method(command):
     code = (f"import sys; {command}; "
-            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'baselines', "
-            "'logitspec', 'gumiho', 'eagle', 'medusa')); print(','.join(bad))")
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'drafts', "
+            "'baselines', 'logitspec', 'gumiho', 'eagle', 'medusa')); print(','.join(bad))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
 
@@ -179,3 +211,16 @@ def test_every_project_import_names_something_that_exists():
                 if not hasattr(target, alias.name) and f"{base}.{alias.name}" not in modules:
                     missing.append(f"{module}: {base}.{alias.name}")
     assert missing == []
+
+
+def test_the_report_modules_import_in_order_and_the_figures_not_the_command_line():
+    """The report split by concern: stats reads load, markdown reads both, cli (the command line) reads them all,
+    never the other way round; the figures read the first three, never the command line."""
+    graph = import_graph()
+    order = ["evaluation.report.load", "evaluation.report.stats", "evaluation.report.markdown",
+             "evaluation.report.cli"]
+    for i, module in enumerate(order):
+        later = set(order[i + 1:])
+        assert not graph[module] & later, f"{module} imports {sorted(graph[module] & later)}"
+    figures = {m for m in graph if m.startswith("evaluation.report.figures")}
+    assert figures and not any("evaluation.report.cli" in graph[m] for m in figures)

@@ -11,8 +11,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from evaluation import report
 from evaluation.report import figures
+from evaluation.report.load import load_runs
+from evaluation.report.stats import summarize
 from evaluation.run import orchestrate
 from evaluation.catalog import method_class
 from evaluation.engine.budget import (AcceptanceModel, DraftBudget, LatencyCurve, best_subtree, calibrate,
@@ -365,7 +366,7 @@ def test_runner_records_proposed_and_verified_nodes(lm, tmp_path):
     for extra in ([], ["run.draft_budget=auto", f"run.latency_curve={curve}"]):
         for method in ("vanilla", "pld"):
             orchestrate.run(small_config(tmp_path, qfile, f"method={method}", "bench.max_new_tokens=24", *extra))
-    df = report.load_runs(tmp_path / "runs")
+    df = load_runs(tmp_path / "runs")
     budgeted = "pld,draft_budget=auto,replayed_curve"
     assert sorted(df.method_label.unique()) == ["pld", budgeted, "vanilla"]
     folder = Path(df[df.method_label == budgeted].run_dir.iloc[0])
@@ -373,7 +374,7 @@ def test_runner_records_proposed_and_verified_nodes(lm, tmp_path):
     choice = json.loads((folder / "answers.jsonl").read_text().splitlines()[0])["choices"][0]
     assert len(choice["verified_nodes"]) == len(choice["accept_lengths"]) - len(choice["turns"])
     assert all(v <= p for v, p in zip(choice["verified_nodes"], choice["proposed_nodes"]))
-    overall = report.summarize(df).query("subtask == 'overall'").set_index("method_label")
+    overall = summarize(df).query("subtask == 'overall'").set_index("method_label")
     assert overall.loc["vanilla", "verified_per_step"] == 0
     assert overall.loc[budgeted, "verified_per_step"] < overall.loc["pld", "proposed_per_step"]
     written = figures.build_all(tmp_path / "runs", tmp_path / "figures", published_csv=tmp_path / "absent.csv")

@@ -21,7 +21,7 @@ from evaluation.run import preflight
 from evaluation.run.folder import run_identity
 from evaluation.run.interleave import compose_cell
 from evaluation.run.validation import validate
-from gumiho.method import HUB_ID
+from evaluation.hub import HUB_ID
 from tests.conftest import question_file
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,7 +66,7 @@ def test_a_null_option_takes_the_committed_draft_else_the_released_one():
     assert eagle.trained_source(eagle.Config(draft="random"), "vicuna-7b-v1.3") is None
     eagle3 = import_class(config_method("eagle3").target)
     assert eagle3.trained_source(eagle3.Config(), "vicuna-7b-v1.3") is None
-    assert "make train-eagle3" in eagle3.unavailable_reason("vicuna-7b-v1.3")
+    assert "make train FAMILY=eagle3 MODEL=vicuna-7b-v1.3" in eagle3.unavailable_reason("vicuna-7b-v1.3")
 
 
 def test_a_bench_plans_every_paired_row_and_says_why_it_leaves_one_out():

@@ -4,6 +4,7 @@ draft folder ends in one line, the training state holds no pickled objects, and 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -17,13 +18,12 @@ import numpy as np
 import pytest
 import torch
 
-import gumiho.train as train_module
+from drafts.checkpoint import load_draft, save_draft
+from drafts.serial_draft import SerialDraft
 from evaluation.engine.errors import HarnessError, OptionError
-from gumiho.checkpoint import load_draft, save_draft
-from gumiho.draft_model import GumihoDraft
-from gumiho.train import Trainer
+from evaluation.families import family as registered
 from tests.conftest import question_file
-from tests.test_gumiho_train import options
+from tests.test_train import options, trainer_of
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMITTED = ROOT / "gumiho" / "drafts" / "smollm2-135m"
@@ -49,12 +49,13 @@ def test_training_refuses_a_model_name_that_is_not_a_plain_name(lm, tmp_path, mo
     with the repository moved into tmp_path, `../../../victim` would be tmp_path/victim."""
     repo = tmp_path / "repo"
     repo.mkdir()
-    monkeypatch.setattr(train_module, "ROOT", repo)
+    moved = dataclasses.replace(registered("gumiho"), drafts=repo / "gumiho" / "drafts",
+                                work_dir=repo / "results" / "train")
     target = victim(tmp_path)
     before = tree(tmp_path)
     name = name.replace("{tmp}", str(tmp_path))
     with pytest.raises(OptionError, match=r"^bad value for model\.name: .*letters, digits"):
-        Trainer(lm, options(tmp_path, max_steps=1, work_dir=None, out_dir=None), name).run()
+        trainer_of(lm, options(tmp_path, max_steps=1, work_dir=None, out_dir=None), moved, name).run()
     assert tree(tmp_path) == before and target.is_dir()
     assert not any(repo.iterdir())
 
@@ -66,7 +67,7 @@ def refused_training(tmp_path_factory):
     target = victim(tmp_path)
     before = tree(tmp_path)
     done = subprocess.run(
-        [sys.executable, "-m", "evaluation.tools.train_gumiho", "model.name=../../victim", "train.max_steps=1",
+        [sys.executable, "-m", "evaluation.tools.train", "model.name=../../victim", "train.max_steps=1",
          "train.progress=false", f"train.work_dir={tmp_path / 'work'}", f"train.out_dir={tmp_path / 'out'}",
          f"train.question_file={question_file()}"],
         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300)
@@ -74,7 +75,7 @@ def refused_training(tmp_path_factory):
 
 
 def test_training_command_refuses_a_path_as_model_name(refused_training):
-    """Through the real command: refused, no traceback, nothing written (Hydra's own log, train_gumiho.log, goes
+    """Through the real command: refused, no traceback, nothing written (Hydra's own log, train.log, goes
     to the working directory, tmp_path here)."""
     done, tmp_path, target, before = refused_training
     lines = done.stderr.strip().splitlines()
@@ -92,9 +93,9 @@ def test_training_command_reports_a_bad_model_name_as_a_run_does(refused_trainin
 
 # ------------------------------------------------------------------------------------ replacing a draft folder
 
-def tiny_draft(lm) -> GumihoDraft:
+def tiny_draft(lm) -> SerialDraft:
     torch.manual_seed(0)
-    return GumihoDraft.for_target(lm.model, 1)
+    return SerialDraft.for_target(lm.model, 1)
 
 
 def test_a_folder_the_harness_did_not_write_is_never_replaced(lm, tmp_path):
@@ -117,7 +118,7 @@ def test_training_refuses_a_foreign_out_dir_before_it_trains(lm, tmp_path):
     target = victim(tmp_path)
     before = tree(tmp_path)
     with pytest.raises(HarnessError, match=f"{re.escape(str(target))}.*not a draft written by the harness"):
-        Trainer(lm, options(tmp_path, max_steps=1, out_dir=str(target)), "tiny").run()
+        trainer_of(lm, options(tmp_path, max_steps=1, out_dir=str(target))).run()
     assert tree(tmp_path) == before and not (tmp_path / "work").exists()
 
 
@@ -141,7 +142,7 @@ def test_a_draft_is_replaced_whole_or_not_at_all(lm, tmp_path, monkeypatch):
     assert tree(folder) == first
     assert [p.name for p in folder.parent.iterdir()] == ["tiny"]  # no temporary folder left beside it
 
-    save_draft(GumihoDraft.for_target(lm.model, 2), folder, {"target": "tiny", "round": 3})
+    save_draft(SerialDraft.for_target(lm.model, 2), folder, {"target": "tiny", "round": 3})
     assert json.loads((folder / "manifest.json").read_text())["round"] == 3
     assert not (folder / "curve.csv").exists()  # the old folder went whole, not file by file
     assert [p.name for p in folder.parent.iterdir()] == ["tiny"]
@@ -232,7 +233,7 @@ def test_a_run_with_a_broken_draft_ends_in_one_line(tmp_path):
 # ------------------------------------------------------------------------------------ the training state
 
 def test_the_training_state_is_plain_tensors_and_numbers(lm, tmp_path):
-    trainer = Trainer(lm, options(tmp_path, max_steps=1), "tiny")
+    trainer = trainer_of(lm, options(tmp_path, max_steps=1))
     trainer.run()
     path = tmp_path / "work" / "state.pt"
     state = torch.load(path, map_location="cpu", weights_only=True)  # raises on anything but tensors and numbers
@@ -243,7 +244,7 @@ def test_the_training_state_is_plain_tensors_and_numbers(lm, tmp_path):
     trainer.save_state()
     saved_python, saved_numpy = random.getstate(), np.random.get_state()
     random.random(), np.random.random()
-    assert Trainer(lm, options(tmp_path, max_steps=1), "tiny").load_state()
+    assert trainer_of(lm, options(tmp_path, max_steps=1)).load_state()
     assert random.getstate() == saved_python
     assert all(np.array_equal(a, b) for a, b in zip(np.random.get_state(), saved_numpy))
 
@@ -255,22 +256,22 @@ def test_a_training_state_with_code_in_it_is_refused_unrun(lm, tmp_path):
     torch.save({"step": 1, "payload": Planted(str(marker))}, work / "state.pt")
     with pytest.raises(HarnessError, match=f"^training state {re.escape(str(work / 'state.pt'))} cannot be read") \
             as caught:
-        Trainer(lm, options(tmp_path, max_steps=1), "tiny").load_state()
+        trainer_of(lm, options(tmp_path, max_steps=1)).load_state()
     assert "\n" not in str(caught.value)
     assert not marker.exists()
 
 
 def test_a_training_state_of_other_options_is_one_line(lm, tmp_path):
     """A state of a draft with two heads, resumed with one: named, not a traceback."""
-    Trainer(lm, options(tmp_path, max_steps=1, mlp_num=2), "tiny").save_state()
+    trainer_of(lm, options(tmp_path, max_steps=1, mlp_num=2)).save_state()
     with pytest.raises(HarnessError, match=f"^training state {re.escape(str(tmp_path / 'work' / 'state.pt'))} does "
                                            f"not fit this training \\(RuntimeError: ") as caught:
-        Trainer(lm, options(tmp_path, max_steps=1, mlp_num=1), "tiny").load_state()
+        trainer_of(lm, options(tmp_path, max_steps=1, mlp_num=1)).load_state()
     assert "\n" not in str(caught.value)
 
 
 def test_the_default_work_dir_is_kept_out_of_scratch_and_git(lm):
-    trainer = Trainer(lm, options(Path("/nonexistent"), work_dir=None, out_dir=None), "tiny")
+    trainer = trainer_of(lm, options(Path("/nonexistent"), work_dir=None, out_dir=None))
     assert trainer.work_dir == ROOT / "results" / "train" / "tiny"
     assert trainer.out_dir == ROOT / "gumiho" / "drafts" / "tiny"
     ignored = subprocess.run(["git", "check-ignore", "-q", "results/train/tiny/state.pt"], cwd=ROOT)

@@ -13,13 +13,15 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 from eagle.checkpoint import load_eagle3_draft
 from eagle.draft_model import fused_layers, vocabulary_maps
 from eagle.method import Eagle, Eagle2, Eagle2Config, Eagle3, EagleConfig
-from eagle.tree import MC_SIM_7B_63, StaticTree
+from drafts.tree import StaticTree
+from eagle.tree import MC_SIM_7B_63
 from evaluation.engine import decode_turn
 from evaluation.engine.errors import HarnessError, OptionError
 from evaluation.engine.method import Method
-from gumiho.checkpoint import TOKEN_COUNTS, load_draft, most_frequent, save_draft, token_counts_text
-from gumiho.draft_model import GumihoDraft
-from gumiho.tree import root_paths
+from drafts.checkpoint import TOKEN_COUNTS, load_draft, save_draft, token_counts_text
+from drafts.data import most_frequent
+from drafts.serial_draft import SerialDraft
+from drafts.tree import root_paths
 from tests.conftest import THREE
 from tests.test_gumiho import tiny_target
 
@@ -271,7 +273,7 @@ def test_the_vocabulary_maps_round_trip_ids():
 def test_a_reduced_vocabulary_proposes_only_its_tokens_and_stays_lossless(lm, tmp_path, assert_lossless):
     """A draft folder with token counts (as training writes it); the draft proposes from the 512 most frequent."""
     torch.manual_seed(0)
-    draft = GumihoDraft.for_target(lm.model, mlp_num=0, layers=1)
+    draft = SerialDraft.for_target(lm.model, mlp_num=0, layers=1)
     counts = torch.zeros(lm.model.config.vocab_size, dtype=torch.long)
     counts[torch.randperm(counts.numel(), generator=torch.Generator().manual_seed(3))[:600]] = torch.arange(600) + 1
     folder = save_draft(draft, tmp_path / "draft", {"note": "test"}, files={TOKEN_COUNTS: token_counts_text(counts)})
@@ -294,7 +296,7 @@ def test_options_are_checked(lm):
         EagleConfig(tree="medusa").check()
     with pytest.raises(OptionError, match="draft_vocab"):
         Eagle2Config(draft_vocab=0).check()
-    with pytest.raises(HarnessError, match="make train-eagle MODEL=no-such-model"):
+    with pytest.raises(HarnessError, match="make train FAMILY=eagle MODEL=no-such-model"):
         Eagle2(Eagle2Config(), dataclasses.replace(lm, name="no-such-model"))
 
 

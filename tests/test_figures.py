@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from evaluation.report import figures
+from evaluation.report.load import load_runs
 from evaluation.catalog import method_display
 from evaluation.engine.timing import PARTS
 from evaluation.engine.errors import HarnessError
@@ -266,7 +267,7 @@ def test_table1_beside_the_leaderboard_rows_of_its_own_target(runs, tmp_path):
     assert set(pd.read_csv(out / "published_specbench.csv").model) == {"Vicuna-7B-v1.3"}
 
     # a target without leaderboard rows: no comparison, one line in table1.md, and the earlier CSV removed
-    table = figures.table1(figures.with_settings(figures.report.load_runs(runs[0])))
+    table = figures.table1(figures.with_settings(load_runs(runs[0])))
     assert published_comparison(table, load_published(published), "toy").empty
     assert published_comparison(table, load_published(published), "smollm2-135m").empty
     figures.build_all(runs[0], out, published_csv=published, drafts_dir=None)
@@ -278,7 +279,7 @@ def test_table1_beside_the_leaderboard_rows_of_its_own_target(runs, tmp_path):
 
 
 def test_acceptance_lengths_and_colours(runs):
-    df = figures.with_settings(figures.report.load_runs(runs[0]))
+    df = figures.with_settings(load_runs(runs[0]))
     lengths = figures.accept_lengths(df)
     assert list(lengths) == ["vanilla", "pld", "logitspec"]
     assert sorted(lengths["logitspec"].tolist()) == [1, 1, 1, 2, 7, 9, 10, 14, 15]
@@ -307,7 +308,7 @@ def test_ablation_table_and_figure(tmp_path):
         manifest = json.loads((folder / "manifest.json").read_text())
         manifest["options"] = {**defaults, **changed}
         (folder / "manifest.json").write_text(json.dumps(manifest))
-    table = figures.ablation_table(figures.with_settings(figures.report.load_runs(root)))
+    table = figures.ablation_table(figures.with_settings(load_runs(root)))
     capacity = table[table.option == "draft_tree_capacity"]
     assert capacity.value.tolist() == ["16", "64"]
     assert capacity.speedup.tolist() == pytest.approx([2.0, 5.0])  # 10 tokens in 5 s and 2 s, vanilla 1 tok/s

@@ -15,10 +15,10 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from evaluation.engine import decode_turn
 from evaluation.engine.tree import DraftTree, build_tree_inputs, verify_greedy, verify_rows
 from evaluation.engine.errors import HarnessError, OptionError
-from gumiho.checkpoint import load_draft, save_draft
+from drafts.checkpoint import load_draft, save_draft
 from eagle.method import Eagle2Config, GumihoSerial
 from gumiho.method import Gumiho, GumihoConfig
-from gumiho.tree import ROOT, Pool, expand, fta_rows, layout, root_paths, select_nodes
+from drafts.tree import ROOT, Pool, expand, fta_rows, layout, root_paths, select_nodes
 
 
 def log(*probs):
@@ -185,7 +185,7 @@ def test_options_are_checked():
 
 def test_missing_committed_draft_names_the_training_command(lm):
     other = dataclasses.replace(lm, name="no-such-model")
-    with pytest.raises(HarnessError, match="make train-gumiho MODEL=no-such-model"):
+    with pytest.raises(HarnessError, match="make train FAMILY=gumiho MODEL=no-such-model"):
         Gumiho(GumihoConfig(), other)
 
 

@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from evaluation import report
+from evaluation.report.cli import main as report_main
+from evaluation.report.load import load_runs
 from evaluation.run import interleave, orchestrate
 from evaluation.engine.errors import HarnessError
 from evaluation.report.figures.common import with_settings
@@ -48,10 +49,10 @@ def test_cells_take_turns_per_question_and_compare_only_among_themselves(lm, tmp
     # A vanilla run of run.py in the same folder is another setting: pld is compared with its own vanilla only.
     [plain] = orchestrate.run(small_config(tmp_path, qfile))
     assert plain not in (vanilla, pld)
-    runs = report.load_runs(tmp_path / "runs")
+    runs = load_runs(tmp_path / "runs")
     assert runs.groupby("comparison_key").method.apply(sorted).map(tuple).value_counts().to_dict() == {
         ("pld", "pld", "pld", "vanilla", "vanilla", "vanilla"): 1, ("vanilla", "vanilla", "vanilla"): 1}
-    report.main(["--results", str(tmp_path / "runs"), "--out", str(tmp_path / "report")])
+    report_main(["--results", str(tmp_path / "runs"), "--out", str(tmp_path / "report")])
     headings = [line for line in (tmp_path / "report" / "report.md").read_text().splitlines() if line.startswith("## ")]
     assert sum("interleaved per question" in heading for heading in headings) == 1  # pld's comparison, not run.py's
     # The figures draw both in one setting (the same measurement, scheduled differently) and say so.

@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from eagle.tree import StaticTree
+from drafts.tree import StaticTree
 from evaluation.engine.errors import HarnessError, OptionError
-from gumiho.checkpoint import save_draft
+from drafts.checkpoint import save_draft
 from medusa.heads import MedusaHeads, load_heads
 from medusa.method import Medusa
 from medusa.tree import MC_SIM_7B_63
@@ -94,7 +94,7 @@ def test_options_are_checked(lm):
         Medusa(Medusa.Config(draft_vocab=64), lm)  # only with heads=random
     with pytest.raises(HarnessError, match="4 deep"):
         Medusa(Medusa.Config(heads="random", num_heads=3), lm)
-    with pytest.raises(HarnessError, match="make train-medusa MODEL=no-such-model"):
+    with pytest.raises(HarnessError, match="make train FAMILY=medusa MODEL=no-such-model"):
         import dataclasses
 
         Medusa(Medusa.Config(), dataclasses.replace(lm, name="no-such-model"))

@@ -31,7 +31,7 @@ from evaluation.questions import load_questions, select_questions
 from evaluation.run.answerers import build_method, check_loaded_model
 from evaluation.run.validation import validate
 from evaluation.templates import build_prompt_ids
-from gumiho.checkpoint import load_draft
+from drafts.checkpoint import load_draft
 from tests.conftest import compose_config
 from tests.test_eagle import eagle1_state_dict, eagle3_reference, eagle3_state_dict
 

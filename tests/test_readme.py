@@ -84,8 +84,8 @@ def test_make_bench_with_a_short_model_name_resolves():
     assert methods[0] == "vanilla" and {"logitspec", "eagle", "eagle2", "medusa", "hydra", "gumiho", "sps"} <= set(methods)
     assert "eagle3" not in methods
     assert done.stderr.splitlines() == [
-        "leaves out eagle3: no EAGLE-3 draft committed or released for vicuna-7b-v1.3 (train one: make train-eagle3 "
-        "MODEL=vicuna-7b-v1.3; or method.draft=<hub id or folder>)"]
+        "leaves out eagle3: no EAGLE-3 draft committed or released for vicuna-7b-v1.3 (train one: "
+        "make train FAMILY=eagle3 MODEL=vicuna-7b-v1.3; or method.draft=<hub id or folder>)"]
 
 
 def test_make_help_gives_every_target_a_duration():

@@ -6,9 +6,12 @@ import json
 
 import pytest
 
-from evaluation import report
 from evaluation.engine.timing import PARTS
-from evaluation.questions import file_sha256
+from evaluation.files import file_sha256
+from evaluation.report.cli import main as report_main
+from evaluation.report.load import _method_order, first_difference, load_runs, lossless_table
+from evaluation.report.markdown import OUTPUTS, build
+from evaluation.report.stats import PAIRED_COLUMNS, across_repeats, paired_tests, summarize
 
 
 QUESTIONS = [(1, "qa"), (2, "qa"), (3, "rag"), (4, "rag")]
@@ -74,8 +77,8 @@ def toy_results(tmp_path):
 
 
 def test_speedup_mat_and_breakdown(toy_results):
-    df = report.load_runs(toy_results / "runs")
-    summary = report.summarize(df).set_index(["comparison_key", "method_label", "subtask"])
+    df = load_runs(toy_results / "runs")
+    summary = summarize(df).set_index(["comparison_key", "method_label", "subtask"])
     qa = summary.loc[("k1", "fast", "qa")]
     # Spec-Bench speedup: mean of per-question tokens/s over vanilla's mean: (2 + 10)/2 / ((1 + 2)/2) = 4
     assert qa.speedup == pytest.approx(4.0)
@@ -92,8 +95,8 @@ def test_speedup_mat_and_breakdown(toy_results):
 
 
 def test_losslessness_and_errors_are_reported(toy_results):
-    summary, markdown = report.build(toy_results / "runs", toy_results)
-    lossless = report.lossless_table(report.load_runs(toy_results / "runs"))
+    summary, markdown = build(toy_results / "runs", toy_results)
+    lossless = lossless_table(load_runs(toy_results / "runs"))
     assert lossless.equal.tolist() == [True, False, True]
     bad = lossless[~lossless.equal].iloc[0]
     assert (bad.question_id, bad.first_diff_turn, bad.first_diff_position) == (2, 0, 1)
@@ -104,9 +107,9 @@ def test_losslessness_and_errors_are_reported(toy_results):
 
 
 def test_first_difference():
-    assert report.first_difference([[1, 2], [3]], [[1, 2], [3]]) is None
-    assert report.first_difference([[1, 2], [3, 4]], [[1, 2], [3, 5]]) == (1, 1)
-    assert report.first_difference([[1, 2]], [[1, 2, 3]]) == (0, 2)
+    assert first_difference([[1, 2], [3]], [[1, 2], [3]]) is None
+    assert first_difference([[1, 2], [3, 4]], [[1, 2], [3, 5]]) == (1, 1)
+    assert first_difference([[1, 2]], [[1, 2, 3]]) == (0, 2)
 
 
 def test_repeats_give_mean_spread_confidence_interval_and_paired_tests(tmp_path):
@@ -119,28 +122,28 @@ def test_repeats_give_mean_spread_confidence_interval_and_paired_tests(tmp_path)
         write_run(runs / f"m{repeat}", "fast", f"k{repeat}",
                   [(q, s, 10, method_seconds * (1 + q / 100), 5, [q]) for q, s in questions], setting="S",
                   repeat=repeat)
-    df = report.load_runs(runs)
-    repeated = report.across_repeats(report.summarize(df)).set_index(["method_label", "subtask"])
+    df = load_runs(runs)
+    repeated = across_repeats(summarize(df)).set_index(["method_label", "subtask"])
     row = repeated.loc[("fast", "overall")]
     assert row.repeats == 2
     per_repeat = [sum(10 / (s * (1 + q / 100)) for q in range(1, 7)) / 6 / 10 for s in (0.5, 1 / 3)]
     assert row.speedup == pytest.approx(sum(per_repeat) / 2)
     assert row.speedup_std == pytest.approx(abs(per_repeat[0] - per_repeat[1]) / 2 ** 0.5)
     assert row.speedup_ci95 == pytest.approx(12.7062 * row.speedup_std / 2 ** 0.5, rel=1e-4)  # t(0.975, 1)
-    tests = report.paired_tests(df).iloc[0]
+    tests = paired_tests(df).iloc[0]
     assert tests.questions == 6 and tests.faster_questions == 6
     ratios = [(20 / (1 + q / 100) + 30 / (1 + q / 100)) / 2 / 10 for q in range(1, 7)]
     geometric = float(__import__("numpy").exp(__import__("numpy").log(ratios).mean()))
     assert tests.mean_speedup_per_question == pytest.approx(geometric)
     assert tests.wilcoxon_p < 0.05
-    _, markdown = report.build(runs, tmp_path)
+    _, markdown = build(runs, tmp_path)
     assert "Across repeats" in markdown and f"{row.speedup:.2f} ± {row.speedup_std:.2f}" in markdown
 
 
 def test_methods_appear_in_one_fixed_order():
     labels = ["rest", "logitspec,next_next=False", "zeta", "vanilla", "logitspec", "lookahead", "pld",
               "logitspec,draft_tree_capacity=128", "logitspec,draft_tree_capacity=16"]
-    assert report._method_order(labels) == [
+    assert _method_order(labels) == [
         "vanilla", "pld", "lookahead", "rest", "logitspec", "logitspec,draft_tree_capacity=16",
         "logitspec,draft_tree_capacity=128", "logitspec,next_next=False", "zeta"]
 
@@ -155,13 +158,13 @@ def test_several_folders_compare_each_method_with_its_own_vanilla(tmp_path):
                   setting="S")
         write_run(runs / "m", "fast", "k0", [(q, s, 10, vanilla_seconds / 2 * (1 + q % 2 / 50), 5, [q])
                                              for q, s in questions], label=f"fast,{label}", setting="S")
-    df = report.load_runs([tmp_path / "first", tmp_path / "second"])
-    overall = report.summarize(df).query("subtask == 'overall'").set_index("method_label")
+    df = load_runs([tmp_path / "first", tmp_path / "second"])
+    overall = summarize(df).query("subtask == 'overall'").set_index("method_label")
     assert overall.loc["fast,off", "speedup"] == pytest.approx(2.0, rel=0.02)
     assert overall.loc["fast,auto", "speedup"] == pytest.approx(2.0, rel=0.02)
-    tests = report.paired_tests(df).set_index("method_label")
+    tests = paired_tests(df).set_index("method_label")
     assert tests.mean_speedup_per_question.tolist() == pytest.approx([2.0, 2.0], rel=0.02)
-    summary, markdown = report.build([tmp_path / "first", tmp_path / "second"], tmp_path / "out")
+    summary, markdown = build([tmp_path / "first", tmp_path / "second"], tmp_path / "out")
     assert "fast,auto" in markdown and "fast,off" in markdown
 
 
@@ -172,8 +175,8 @@ def test_building_the_report_and_figures_imports_neither_torch_nor_a_method(toy_
 
     from tests.conftest import ROOT
 
-    code = ("import sys\nfrom evaluation import report\nfrom evaluation.report import figures\n"
-            f"report.main(['--results', {str(toy_results / 'runs')!r}, '--out', {str(toy_results / 'out')!r}])\n"
+    code = ("import sys\nfrom evaluation.report import figures\nfrom evaluation.report.cli import main\n"
+            f"main(['--results', {str(toy_results / 'runs')!r}, '--out', {str(toy_results / 'out')!r}])\n"
             f"figures.build_all({str(toy_results / 'runs')!r}, {str(toy_results / 'figs')!r})\n"
             "loaded = sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'transformers', 'baselines', "
             "'logitspec', 'gumiho', 'hydra'})\nprint('LOADED', ','.join(loaded))\n")
@@ -188,7 +191,7 @@ def test_speedup_by_setting_puts_each_comparison_in_its_own_column(toy_results):
 
     from evaluation.tools.speedup_by_setting import by_setting
 
-    report.build(toy_results / "runs", toy_results / "out")
+    build(toy_results / "runs", toy_results / "out")
     table = by_setting(pd.read_csv(toy_results / "out" / "report.csv")).set_index("method (speedup x / MAT)")
     assert len(table.columns) == 2  # k1 and k2: the same (unknown) setting, told apart by their keys
     k1 = next(c for c in table.columns if "(k1)" in c)
@@ -209,7 +212,7 @@ def test_speedup_by_setting_keeps_earlier_settings_and_averages_rounds(toy_resul
                   repeat=round_)
         write_run(runs / f"m{round_}", "fast", f"r{round_}", [(1, "qa", 10, 10.0 / (2 * round_), 5, [1])],
                   setting="S", repeat=round_)
-    report.build(runs, toy_results / "out")
+    build(runs, toy_results / "out")
     table = by_setting(pd.read_csv(toy_results / "out" / "report.csv"))
     rounds = next(c for c in table.columns if "x2 rounds" in c)
     assert table.set_index(table.columns[0]).loc["fast", rounds] == "3.00x / 2.00"  # (2 + 4) / 2
@@ -226,15 +229,15 @@ def test_speedup_by_setting_keeps_earlier_settings_and_averages_rounds(toy_resul
 
 
 def report_files(out):
-    return {name: (out / name).read_bytes() for name in report.OUTPUTS}
+    return {name: (out / name).read_bytes() for name in OUTPUTS}
 
 
 def clean_then_spoiled(toy_results, spoil, capsys):
     """The report of the toy runs, then of the same runs spoiled by `spoil(runs)`: both outputs and the warnings."""
-    report.build(toy_results / "runs", toy_results / "clean")
+    build(toy_results / "runs", toy_results / "clean")
     assert capsys.readouterr().err == ""  # the clean runs raise no warning
     spoil(toy_results / "runs")
-    report.build(toy_results / "runs", toy_results / "spoiled")
+    build(toy_results / "runs", toy_results / "spoiled")
     return report_files(toy_results / "clean"), report_files(toy_results / "spoiled"), capsys.readouterr().err
 
 
@@ -275,7 +278,7 @@ def test_a_question_file_changed_since_the_run_keeps_every_id_and_says_so(toy_re
     answers = toy_results / "runs" / "v" / "answers.jsonl"
     add_lines(answers, json.dumps(answer(99, "qa", 1000, 1.0, 1000, [1])) + "\n")
     write_questions(toy_results / "questions.jsonl", QUESTIONS + [(5, "qa")])  # another sha256 than the runs'
-    summary, markdown = report.build(toy_results / "runs", toy_results / "out")
+    summary, markdown = build(toy_results / "runs", toy_results / "out")
     [line] = capsys.readouterr().err.splitlines()
     assert line.startswith(f"warning: question file {toy_results / 'questions.jsonl'} has changed since the run")
     assert "every answered question kept, the selection unchecked, in 2 runs" in line
@@ -293,7 +296,7 @@ def test_the_selection_takes_the_runs_subtasks_and_count_from_the_question_file(
         data = json.loads(manifest.read_text())
         data["comparison"].update(subtasks=["rag"], questions_per_subtask=1)  # asks for question 3 only
         manifest.write_text(json.dumps(data))
-    df = report.load_runs(tmp_path / "runs")
+    df = load_runs(tmp_path / "runs")
     assert sorted(set(df.question_id)) == [3]
     assert len([line for line in capsys.readouterr().err.splitlines() if "is not one of the questions" in line]) == 6
 
@@ -338,23 +341,23 @@ def test_no_vanilla_run_writes_nothing_and_says_which_in_one_line(toy_results, c
     import shutil
 
     out = toy_results / "out"
-    report.main(["--results", str(toy_results / "runs"), "--out", str(out)])  # an earlier, complete report
+    report_main(["--results", str(toy_results / "runs"), "--out", str(out)])  # an earlier, complete report
     before = report_files(out)
     assert b"wilcoxon_p" in before["paired_tests.csv"]
     shutil.rmtree(toy_results / "runs" / "v")
     shutil.rmtree(toy_results / "runs" / "other")
     capsys.readouterr()
     with pytest.raises(SystemExit) as stop:
-        report.main(["--results", str(toy_results / "runs"), "--out", str(out)])
+        report_main(["--results", str(toy_results / "runs"), "--out", str(out)])
     assert stop.value.code == 2
     captured = capsys.readouterr()
     [line] = captured.err.splitlines()
     assert line.startswith("error: nothing to compare: no vanilla run for toy float32 on cpu, max_new_tokens=16, "
                            "repeat 1 (comparison k1, setting k1), to compare fast with")
     assert "left as they are" in line and captured.out == ""
-    assert report_files(out) == before and sorted(p.name for p in out.iterdir()) == sorted(report.OUTPUTS)
+    assert report_files(out) == before and sorted(p.name for p in out.iterdir()) == sorted(OUTPUTS)
     # After a run (run.py's --quiet-if-empty): the same line, not an error, and still nothing written.
-    report.main(["--results", str(toy_results / "runs"), "--out", str(out), "--quiet-if-empty"])
+    report_main(["--results", str(toy_results / "runs"), "--out", str(out), "--quiet-if-empty"])
     captured = capsys.readouterr()
     assert captured.out.startswith("Report not written: nothing to compare: no vanilla run") and captured.err == ""
     assert report_files(out) == before
@@ -371,14 +374,14 @@ def test_no_vanilla_run_from_the_command_line_is_one_line_and_exit_2(toy_results
     shutil.rmtree(toy_results / "runs" / "other")
     out = toy_results / "out"
     out.mkdir()
-    for name in report.OUTPUTS:
+    for name in OUTPUTS:
         (out / name).write_text(f"earlier {name}\n")
     done = subprocess.run([sys.executable, "-m", "evaluation.report", "--results", str(toy_results / "runs"),
                            "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     [line] = done.stderr.splitlines()
     assert line.startswith("error: nothing to compare: no vanilla run for toy float32") and "(comparison k1" in line
-    assert {p.name: p.read_text() for p in out.iterdir()} == {name: f"earlier {name}\n" for name in report.OUTPUTS}
+    assert {p.name: p.read_text() for p in out.iterdir()} == {name: f"earlier {name}\n" for name in OUTPUTS}
 
 
 def test_the_outputs_are_replaced_together_and_none_is_left_stale(toy_results, monkeypatch):
@@ -386,7 +389,7 @@ def test_the_outputs_are_replaced_together_and_none_is_left_stale(toy_results, m
 
     runs = toy_results / "runs"
     out = toy_results / "out"
-    report.build(runs, out)
+    build(runs, out)
     before = report_files(out)
     assert len(pd.read_csv(out / "paired_tests.csv")) == 1  # fast against vanilla over questions 1-3
 
@@ -402,16 +405,16 @@ def test_the_outputs_are_replaced_together_and_none_is_left_stale(toy_results, m
         answers.write_text(answers.read_text().replace('"wall_time": [5.0]', '"wall_time": [4.0]'))
     monkeypatch.setattr(pd.DataFrame, "to_csv", fail_on_paired_tests)
     with pytest.raises(OSError, match="disk full"):
-        report.build(runs, out)
+        build(runs, out)
     monkeypatch.undo()
-    assert report_files(out) == before and sorted(p.name for p in out.iterdir()) == sorted(report.OUTPUTS)
+    assert report_files(out) == before and sorted(p.name for p in out.iterdir()) == sorted(OUTPUTS)
 
     # Fewer questions than a paired test needs: paired_tests.csv is replaced by its header, not left stale.
     for answers in runs.glob("*/answers.jsonl"):
         answers.write_text(answers.read_text().splitlines(keepends=True)[0])
-    report.build(runs, out)
-    assert (out / "paired_tests.csv").read_text() == ",".join(report.PAIRED_COLUMNS) + "\n"
-    assert all(report_files(out)[name] != before[name] for name in report.OUTPUTS)
+    build(runs, out)
+    assert (out / "paired_tests.csv").read_text() == ",".join(PAIRED_COLUMNS) + "\n"
+    assert all(report_files(out)[name] != before[name] for name in OUTPUTS)
 
 
 def test_replacing_together_replaces_all_or_nothing(tmp_path):
@@ -464,7 +467,7 @@ def test_a_rename_that_fails_midway_puts_the_old_files_back(tmp_path, monkeypatc
 def test_a_manifest_cut_short_is_one_line_and_its_run_is_left_out(toy_results, capsys):
     manifest = toy_results / "runs" / "m" / "manifest.json"
     manifest.write_text(manifest.read_text()[:60])
-    summary, markdown = report.build(toy_results / "runs", toy_results / "out")
+    summary, markdown = build(toy_results / "runs", toy_results / "out")
     [line] = capsys.readouterr().err.splitlines()
     assert line.startswith(f"warning: {manifest}: not valid JSON, cut short? (") and line.endswith("; run left out")
     assert "fast" not in set(summary.method_label) and "run left out" in markdown
@@ -473,7 +476,7 @@ def test_a_manifest_cut_short_is_one_line_and_its_run_is_left_out(toy_results, c
     vanilla.write_text(vanilla.read_text()[:60])
     shutil_out = toy_results / "out2"
     with pytest.raises(SystemExit) as stop:
-        report.main(["--results", str(toy_results / "runs" / "v"), "--out", str(shutil_out)])
+        report_main(["--results", str(toy_results / "runs" / "v"), "--out", str(shutil_out)])
     assert stop.value.code == 2 and not shutil_out.exists()
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith(f"warning: {vanilla}: not valid JSON") and err[1].startswith("error: no readable answer")
@@ -481,13 +484,13 @@ def test_a_manifest_cut_short_is_one_line_and_its_run_is_left_out(toy_results, c
 
 
 def test_questions_still_failing_are_listed_per_run(toy_results, capsys):
-    summary, markdown = report.build(toy_results / "runs", toy_results / "out")
+    summary, markdown = build(toy_results / "runs", toy_results / "out")
     failing = markdown.split("## Questions still failing")[1]
     assert f"- toy fast, repeat 1 (`{toy_results / 'runs' / 'm'}`): 1 question (4)" in failing
     assert "  - toy fast question 4: boom" in failing
     # Answered again after it raised (a later line of the same question): no longer failing, and counted.
     add_lines(toy_results / "runs" / "m" / "answers.jsonl", json.dumps(answer(4, "rag", 5, 0.5, 5, [7])) + "\n")
-    summary, markdown = report.build(toy_results / "runs", toy_results / "out")
+    summary, markdown = build(toy_results / "runs", toy_results / "out")
     assert "Questions still failing" not in markdown and capsys.readouterr().err == ""
     overall = summary.set_index(["comparison_key", "method_label", "subtask"]).loc[("k1", "fast", "overall")]
     assert overall.questions == 4
@@ -511,7 +514,7 @@ def test_a_run_answered_at_two_commits_is_flagged(toy_results, capsys):
     runs = toy_results / "runs"
     for folder in runs.iterdir():
         with_environment(folder)
-    _, markdown = report.build(runs, toy_results / "out")
+    _, markdown = build(runs, toy_results / "out")
     line = provenance_line(markdown)
     assert "; commit c0ffee1;" in line and "mixes commits" not in line and "8 torch threads" in line
     assert capsys.readouterr().err == ""
@@ -522,7 +525,7 @@ def test_a_run_answered_at_two_commits_is_flagged(toy_results, capsys):
         record["produced_by"] = {"git_commit": "c0ffee1234" if i < 2 else "beef5678aa", "git_dirty": False,
                                  "torch_threads": 8 if i < 2 else 4}
     answers.write_text("".join(json.dumps(r) + "\n" for r in records))
-    _, markdown = report.build(runs, toy_results / "out")
+    _, markdown = build(runs, toy_results / "out")
     [warning] = capsys.readouterr().err.splitlines()
     assert warning == f"warning: {runs / 'm'}: answered at more than one commit (beef567, c0ffee1): its answers mix " \
                       "code versions"
@@ -539,7 +542,7 @@ def test_the_same_commit_dirty_and_clean_is_flagged(toy_results, capsys):
     records = [json.loads(text) for text in answers.read_text().splitlines()]
     records[-1]["produced_by"] = {"git_commit": "c0ffee1234", "git_dirty": True, "torch_threads": 8}
     answers.write_text("".join(json.dumps(r) + "\n" for r in records))
-    _, markdown = report.build(runs, toy_results / "out")
+    _, markdown = build(runs, toy_results / "out")
     assert "answered at more than one commit (c0ffee1, c0ffee1+uncommitted changes)" in capsys.readouterr().err
     assert "the vanilla run mixes commits" in provenance_line(markdown)
 
@@ -552,7 +555,7 @@ def test_an_older_run_without_produced_by_reads_its_manifests_processes(toy_resu
                                              "started": "x"},
                                             {"git_commit": "beef5678aa", "git_dirty": False, "host": "a", "pid": 2,
                                              "started": "y"}])
-    _, markdown = report.build(runs, toy_results / "out")
+    _, markdown = build(runs, toy_results / "out")
     assert "answered at more than one commit (beef567, c0ffee1)" in capsys.readouterr().err
     assert "the fast run mixes commits" in provenance_line(markdown)
 
@@ -561,7 +564,7 @@ def test_an_output_folder_that_cannot_be_written_is_one_line(toy_results, capsys
     out = toy_results / "out"
     out.write_text("a file where the folder should be")
     with pytest.raises(SystemExit) as stop:
-        report.main(["--results", str(toy_results / "runs"), "--out", str(out)])
+        report_main(["--results", str(toy_results / "runs"), "--out", str(out)])
     assert stop.value.code == 2
     [line] = capsys.readouterr().err.splitlines()
     assert line.startswith(f"error: cannot write the report into {out}: ")

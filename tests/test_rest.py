@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from baselines.rest import Rest, RestConfig, Retriever
-from baselines.rest_datastore import build_datastore, iter_records, load_datastore, suffix_array
+from baselines.rest_datastore import build_datastore, load_datastore, suffix_array
+from evaluation.corpus import iter_records
 from evaluation.engine.errors import HarnessError
 
 WORDS = "a again cat dog mat my on sat sofa the".split()  # alphabetical, so ids sort like the words

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from evaluation import report
+from evaluation.report.load import load_runs
 from evaluation.engine.errors import HarnessError
 from evaluation.questions import Question
 from evaluation.run import folder as run_folder_module
@@ -20,7 +20,7 @@ from evaluation.run import orchestrate
 from evaluation.run.folder import AnswerFile, content_sha256, one_writer, open_run, run_identity
 from evaluation.run.validation import validate
 from eagle.method import Eagle2
-from gumiho.method import committed_draft_dir
+from evaluation.families import family
 from tests.conftest import ROOT
 from tests.test_runner import QUESTIONS, small_config, write_questions
 
@@ -54,7 +54,7 @@ def test_a_replayed_latency_curve_changed_in_place_is_a_new_run(tmp_path):
 
 def test_a_draft_retrained_in_place_is_a_new_run(tmp_path):
     draft = tmp_path / "draft"
-    shutil.copytree(committed_draft_dir("smollm2-135m"), draft)
+    shutil.copytree(family("gumiho").committed_dir("smollm2-135m"), draft)
     cfg = small_config(tmp_path, questions_file(tmp_path), "method=gumiho", f"method.draft={draft}")
     before = identity(cfg)
     assert before["inputs_sha256"] == {"draft": content_sha256(draft)}
@@ -65,7 +65,7 @@ def test_a_draft_retrained_in_place_is_a_new_run(tmp_path):
     assert identity(cfg)["inputs_sha256"] != before["inputs_sha256"]
     # The committed draft counts too; a method reading nothing beside the model keeps the identity it had.
     committed = identity(small_config(tmp_path, questions_file(tmp_path), "method=gumiho-serial"))
-    assert committed["inputs_sha256"] == {"draft": content_sha256(committed_draft_dir("smollm2-135m"))}
+    assert committed["inputs_sha256"] == {"draft": content_sha256(family("gumiho").committed_dir("smollm2-135m"))}
     eagle = identity(small_config(tmp_path, questions_file(tmp_path), "method=eagle2"))
     assert eagle["inputs_sha256"] == {"draft": content_sha256(Eagle2.committed_dir("smollm2-135m"))}
     assert "inputs_sha256" not in identity(small_config(tmp_path, questions_file(tmp_path), "method=pld"))
@@ -250,7 +250,7 @@ def test_a_question_that_failed_is_answered_once_the_cause_is_fixed(lm, tmp_path
     assert orchestrate.run(small_config(tmp_path, qfile)) == [folder]
     lines = AnswerFile(folder / "answers.jsonl").read()
     assert [(line["question_id"], line["status"]) for line in lines] == [(2, "ok"), (7, "ok")]
-    df = report.load_runs(tmp_path / "runs")
+    df = load_runs(tmp_path / "runs")
     assert sorted(df[df.status == "ok"].question_id) == [2, 7]
 
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from hydra.errors import ConfigCompositionException, MissingConfigException
 
-from evaluation import report
+from evaluation.report.load import load_runs
+from evaluation.report.stats import summarize
 from evaluation.run import orchestrate
 from evaluation.catalog import available_methods, method_class
 from evaluation.engine.errors import HarnessError
@@ -136,10 +137,10 @@ def test_a_question_that_raises_is_recorded_and_excluded(lm, tmp_path):
     qfile = write_questions(tmp_path / "q.jsonl", questions)
     for method in ("vanilla",):
         orchestrate.run(small_config(tmp_path, qfile, f"method={method}", "model.max_context=120"))
-    df = report.load_runs(tmp_path / "runs")
+    df = load_runs(tmp_path / "runs")
     bad = df[df.question_id == 7].iloc[0]
     assert bad.status == "error" and "does not fit the context" in bad.error and "\n" not in bad.error
-    summary = report.summarize(df)
+    summary = summarize(df)
     assert summary[summary.subtask == "overall"].questions.tolist() == [1]
 
 

@@ -155,7 +155,8 @@ def test_a_seed_reproduces_its_tokens(lm, lossless_prompts):
 
 
 def test_a_sampled_run_records_its_setting_and_the_report_names_the_check(lm, tmp_path):
-    from evaluation import report
+    from evaluation.report.load import SAMPLED_CHECK
+    from evaluation.report.markdown import build as build_report
     from evaluation.run import orchestrate
 
     qfile = write_questions(tmp_path / "q.jsonl", QUESTIONS[1:])
@@ -176,8 +177,8 @@ def test_a_sampled_run_records_its_setting_and_the_report_names_the_check(lm, tm
     # A greedy run of the same slice is another comparison; the sampled block names the statistical check.
     [greedy] = orchestrate.run(small_config(tmp_path, qfile, "method=vanilla"))
     assert greedy.name != folders["vanilla"].name
-    _, markdown = report.build(tmp_path / "runs", tmp_path / "report")
-    assert "temperature 1" in markdown and report.SAMPLED_CHECK in markdown
+    _, markdown = build_report(tmp_path / "runs", tmp_path / "report")
+    assert "temperature 1" in markdown and SAMPLED_CHECK in markdown
 
 
 @pytest.mark.parametrize("override, message", [

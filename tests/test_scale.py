@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 import torch
 
-from evaluation import report
+from evaluation.report.cli import main as report_main
 from evaluation.run import orchestrate
 from evaluation.run.folder import one_writer
 from evaluation.engine.kv_cache import PositionalKVCache
@@ -131,7 +131,7 @@ def test_a_submitit_sweep_writes_one_folder_per_cell_and_the_report_combines_the
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     folders = sorted((tmp_path / "runs" / "smollm2-135m").iterdir())
     assert [f.name.split("-")[0] for f in folders] == ["pld", "vanilla"]
-    report.main(["--results", str(tmp_path / "runs"), "--out", str(tmp_path / "out")])
+    report_main(["--results", str(tmp_path / "runs"), "--out", str(tmp_path / "out")])
     overall = pd.read_csv(tmp_path / "out" / "report.csv").query("subtask == 'overall'")
     assert sorted(overall.method_label) == ["pld", "vanilla"] and (overall.questions == 2).all()
     assert pd.read_csv(tmp_path / "out" / "lossless.csv").equal.tolist() == [True, True]

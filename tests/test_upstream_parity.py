@@ -76,7 +76,7 @@ def test_eagle_jobs_hand_upstream_our_draft_as_its_eamodel_loads_it(lm, tmp_path
     from safetensors.torch import load_file
 
     from eagle.method import Eagle
-    from gumiho.checkpoint import read_weights
+    from drafts.checkpoint import read_weights
 
     target = lm.model.config
     hidden, head_dim = target.hidden_size, target.hidden_size // target.num_attention_heads  # as upstream computes it
@@ -107,9 +107,9 @@ def test_eagle_jobs_hand_upstream_our_draft_as_its_eamodel_loads_it(lm, tmp_path
 
 
 def test_only_an_eagle_draft_is_handed_to_upstreams_eagle(lm, tmp_path):
-    from gumiho.draft_model import GumihoDraft
+    from drafts.serial_draft import SerialDraft
 
-    gumiho = GumihoDraft.for_target(lm.model, mlp_num=1, layers=2)
+    gumiho = SerialDraft.for_target(lm.model, mlp_num=1, layers=2)
     with pytest.raises(SystemExit, match="gumiho draft"):
         write_upstream_eagle_draft(gumiho, lm.model.config.to_dict(), tmp_path / "draft")
 

@@ -9,6 +9,7 @@ and, for a method option, a few tokens are decoded with it.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import subprocess
@@ -19,6 +20,8 @@ from types import SimpleNamespace
 
 import pytest
 from hydra import compose, initialize_config_dir
+from hydra._internal.config_loader_impl import ConfigLoaderImpl
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
@@ -100,10 +103,19 @@ def setting(tmp_path_factory, lm):
     return tmp, base, per_method
 
 
-def attempt(overrides: list[str]):
-    """("refused", message) or ("accepted", cfg): the checks the command line runs, without loading a model."""
+def attempt(overrides: list[str], reference=None):
+    """("refused", message) or ("accepted", cfg): the checks the command line runs, without loading a model.
+
+    With `reference` (the config `overrides[:-1]` compose to), the last override is applied to a copy of it as
+    Hydra's compose applies a value override (its own parser and merge, in struct mode): the same result without
+    composing the defaults again, which is most of the time (`test_applying_a_value_is_composing_it` keeps the two
+    equal)."""
     try:
-        cfg = compose("config", overrides=overrides)
+        if reference is None:
+            cfg = compose("config", overrides=overrides)
+        else:
+            cfg = copy.deepcopy(reference)
+            ConfigLoaderImpl._apply_overrides_to_config(OverridesParser.create().parse_overrides(overrides[-1:]), cfg)
     except ConfigCompositionException as exc:
         error = option_error_from_hydra(exc)
         assert error is not None, f"{overrides[-1]}: Hydra's own error for a value: {exc}"
@@ -127,7 +139,7 @@ def test_every_option_is_refused_in_one_line_or_really_works(setting, lm):
             reference = compose("config", overrides=start)
             for value in fuzz_values(annotation):
                 sample = f"{group}.{option}={value}"
-                outcome, result = attempt([*start, sample])
+                outcome, result = attempt([*start, sample], reference)
                 counts[outcome] += 1
                 if outcome == "refused":
                     if "\n" in result or option not in result or f"{group}." not in result:
@@ -156,6 +168,29 @@ def test_every_option_is_refused_in_one_line_or_really_works(setting, lm):
     assert not (tmp / "runs").exists()  # nothing was written by any sample
     # Non-vacuous: both outcomes occur, and accepted values were built and decoded with.
     assert counts["refused"] > 100 and counts["built"] > 10 and counts["decoded"] > 5, counts
+
+
+def test_applying_a_value_is_composing_it(setting):
+    """The fuzz's shortcut (`attempt` with a reference) gives what Hydra's compose gives, refusal message or
+    config, for one value of each type on a few methods' options and the run's own."""
+    _, base, per_method = setting
+    yamls = method_config_names()
+    chosen = [o for o in options() if o[1] in (None, "gumiho", "sps")]
+    compared = 0
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONF)):
+        for group, method, option, annotation in chosen:
+            start = [*base, f"method={yamls[method]}", *per_method.get(method, [])] if method else list(base)
+            reference = compose("config", overrides=start)
+            for value in fuzz_values(annotation)[compared % 4::4]:
+                sample = [*start, f"{group}.{option}={value}"]
+                fast, slow = attempt(sample, reference), attempt(sample)
+                assert fast[0] == slow[0], (sample[-1], fast, slow)
+                if fast[0] == "refused":
+                    assert fast[1] == slow[1], sample[-1]
+                else:
+                    assert OmegaConf.to_container(fast[1]) == OmegaConf.to_container(slow[1]), sample[-1]
+                compared += 1
+    assert compared > 40
 
 
 def run_cli(tmp_path, *overrides: str, env=None):

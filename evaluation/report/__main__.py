@@ -1,4 +1,4 @@
-from evaluation.report import main
+from evaluation.report.cli import main
 
 if __name__ == "__main__":
     main()

@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 from evaluation.engine.errors import HarnessError
 from evaluation.files import replacing, write_text
 from evaluation.provenance import commit
-from evaluation.questions import file_sha256
+from evaluation.files import file_sha256
 from evaluation.run.answer import sampling_params
 from evaluation.records import read_answers, read_manifest
 

@@ -32,7 +32,7 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 
 from evaluation.engine.errors import HarnessError
-from evaluation.questions import file_sha256
+from evaluation.files import file_sha256
 from evaluation.run.answerers import InProcess, build_method, check_loaded_model, check_prompts_fit, read_questions
 from evaluation.run.config import register_configs
 from evaluation.run.folder import open_run
@@ -180,9 +180,9 @@ def main(argv: list[str] | None = None) -> None:
             print(f"Answers: {folder}")
         cfg = compose_cell(specs[0], common)
         if cfg.run.report:
-            from evaluation import report
+            from evaluation.report.cli import main as report_main
 
-            report.main(["--results", cfg.run.results_dir, "--quiet-if-empty"])
+            report_main(["--results", cfg.run.results_dir, "--quiet-if-empty"])
     except HarnessError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)

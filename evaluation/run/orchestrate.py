@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from evaluation.questions import file_sha256
+from evaluation.files import file_sha256
 from evaluation.run.answerers import InProcess, load_target, read_questions
 from evaluation.run.folder import open_run
 from evaluation.run import preflight

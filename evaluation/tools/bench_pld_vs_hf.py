@@ -132,34 +132,48 @@ def main() -> None:
     print(f"written: {out} and {out.with_name(out.stem + '_per_prompt.csv')}")
 
 
-def summarize(rows: list[dict]) -> list[dict]:
-    """Per subtask and overall: tokens/s of each run, PLD/HF ratio, MAT, and how many outputs are identical."""
+class Group:
+    """The per-prompt rows of one subtask (or of all): `<run>_tokens`, `<run>_seconds`, `<run>_steps` per run."""
+
+    def __init__(self, rows: list[dict]):
+        self.rows = rows
+
+    def speed(self, run: str) -> float:
+        """Tokens per second over the group: all tokens over all seconds."""
+        return sum(r[f"{run}_tokens"] for r in self.rows) / sum(r[f"{run}_seconds"] for r in self.rows)
+
+    def mat(self, run: str) -> float:
+        """Mean accepted tokens: all tokens over all target forwards (steps)."""
+        return sum(r[f"{run}_tokens"] for r in self.rows) / sum(r[f"{run}_steps"] for r in self.rows)
+
+    def identical(self, key: str) -> str:
+        """How many prompts have the boolean `key` true, as `n/prompts`."""
+        return f"{sum(r[key] for r in self.rows)}/{len(self.rows)}"
+
+
+def summarize_groups(rows: list[dict], columns) -> list[dict]:
+    """One row per subtask with prompts (in SUBTASKS order) and one `overall`: `subtask`, `prompts`, then
+    `columns(group)`, the comparison's own columns from the group's speeds, MATs and identical counts."""
     groups = {s: [r for r in rows if r["subtask"] == s] for s in SUBTASKS}
     groups = {s: g for s, g in groups.items() if g}
     groups["overall"] = rows
-    table = []
-    for name, group in groups.items():
-        def speed(run):
-            return sum(r[f"{run}_tokens"] for r in group) / sum(r[f"{run}_seconds"] for r in group)
+    return [{"subtask": name, "prompts": len(group), **columns(Group(group))} for name, group in groups.items()]
 
-        def mat(run):
-            return sum(r[f"{run}_tokens"] for r in group) / sum(r[f"{run}_steps"] for r in group)
 
-        table.append({
-            "subtask": name,
-            "prompts": len(group),
-            "vanilla_tok_s": round(speed("vanilla"), 2),
-            "pld_tok_s": round(speed("pld"), 2),
-            "hf_pld_tok_s": round(speed("hf_pld"), 2),
-            "pld_over_hf": round(speed("pld") / speed("hf_pld"), 3),
-            "pld_speedup": round(speed("pld") / speed("vanilla"), 3),
-            "hf_pld_speedup": round(speed("hf_pld") / speed("vanilla"), 3),
-            "pld_mat": round(mat("pld"), 3),
-            "hf_pld_mat": round(mat("hf_pld"), 3),  # tokens per counted forward
-            "identical_pld_hf": f"{sum(r['pld_equals_hf'] for r in group)}/{len(group)}",
-            "identical_pld_vanilla": f"{sum(r['pld_equals_vanilla'] for r in group)}/{len(group)}",
-        })
-    return table
+def summarize(rows: list[dict]) -> list[dict]:
+    """Per subtask and overall: tokens/s of each run, PLD/HF ratio, MAT, and how many outputs are identical."""
+    return summarize_groups(rows, lambda g: {
+        "vanilla_tok_s": round(g.speed("vanilla"), 2),
+        "pld_tok_s": round(g.speed("pld"), 2),
+        "hf_pld_tok_s": round(g.speed("hf_pld"), 2),
+        "pld_over_hf": round(g.speed("pld") / g.speed("hf_pld"), 3),
+        "pld_speedup": round(g.speed("pld") / g.speed("vanilla"), 3),
+        "hf_pld_speedup": round(g.speed("hf_pld") / g.speed("vanilla"), 3),
+        "pld_mat": round(g.mat("pld"), 3),
+        "hf_pld_mat": round(g.mat("hf_pld"), 3),  # tokens per counted forward
+        "identical_pld_hf": g.identical("pld_equals_hf"),
+        "identical_pld_vanilla": g.identical("pld_equals_vanilla"),
+    })
 
 
 def markdown(table: list[dict]) -> str:

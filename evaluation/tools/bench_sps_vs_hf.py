@@ -25,7 +25,8 @@ from evaluation.catalog import method_class
 from evaluation.models import load_companion_model, load_model
 from evaluation.questions import SUBTASKS, load_questions, select_questions
 from evaluation.templates import build_prompt_ids
-from evaluation.tools.bench_pld_vs_hf import ForwardCounter, compose_config, markdown, question_file, run_ours
+from evaluation.tools.bench_pld_vs_hf import (ForwardCounter, compose_config, markdown, question_file, run_ours,
+                                              summarize_groups)
 
 GAMMA = 5
 
@@ -133,27 +134,13 @@ def main() -> None:
 
 def summarize(rows: list[dict]) -> list[dict]:
     """Per subtask and overall: tokens/s of each run, ours over transformers', MAT, identical outputs."""
-    groups = {s: [r for r in rows if r["subtask"] == s] for s in SUBTASKS}
-    groups = {s: g for s, g in groups.items() if g}
-    groups["overall"] = rows
-    table = []
-    for name, group in groups.items():
-        def speed(run):
-            return sum(r[f"{run}_tokens"] for r in group) / sum(r[f"{run}_seconds"] for r in group)
-
-        def mat(run):
-            return sum(r[f"{run}_tokens"] for r in group) / sum(r[f"{run}_steps"] for r in group)
-
-        table.append({
-            "subtask": name, "prompts": len(group),
-            **{f"{run}_tok_s": round(speed(run), 2) for run in RUNS},
-            "sps_self_over_hf": round(speed("sps_self") / speed("hf_assisted"), 3),
-            "sps_copy_over_hf": round(speed("sps_copy") / speed("hf_assisted"), 3),
-            **{f"{run}_mat": round(mat(run), 3) for run in RUNS[1:]},
-            **{f"identical_{run}_vanilla": f"{sum(r[f'{run}_equals_vanilla'] for r in group)}/{len(group)}"
-               for run in RUNS[1:]},
-        })
-    return table
+    return summarize_groups(rows, lambda g: {
+        **{f"{run}_tok_s": round(g.speed(run), 2) for run in RUNS},
+        "sps_self_over_hf": round(g.speed("sps_self") / g.speed("hf_assisted"), 3),
+        "sps_copy_over_hf": round(g.speed("sps_copy") / g.speed("hf_assisted"), 3),
+        **{f"{run}_mat": round(g.mat(run), 3) for run in RUNS[1:]},
+        **{f"identical_{run}_vanilla": g.identical(f"{run}_equals_vanilla") for run in RUNS[1:]},
+    })
 
 
 if __name__ == "__main__":

@@ -8,12 +8,13 @@ reads data/.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import shutil
 import sys
 import urllib.request
 from pathlib import Path
+
+from evaluation.files import file_sha256
 
 ROOT = Path(__file__).resolve().parents[2]
 # name: (sha256, upstream URL at a pinned commit)
@@ -29,10 +30,6 @@ QUESTION_SETS = {
 }
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def local_source() -> Path | None:
     for candidate in (os.environ.get("SPEC_BENCH_DATA"), ROOT.parent / "shared" / "data"):
         if candidate and Path(candidate).is_dir():
@@ -43,7 +40,7 @@ def local_source() -> Path | None:
 def fetch(name: str, target_dir: Path, source: Path | None) -> str:
     sha, url = QUESTION_SETS[name]
     target = target_dir / name / "question.jsonl"
-    if target.is_file() and _sha256(target) == sha:
+    if target.is_file() and file_sha256(target) == sha:
         return "present"
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_suffix(".part")
@@ -60,7 +57,7 @@ def fetch(name: str, target_dir: Path, source: Path | None) -> str:
         with urllib.request.urlopen(url, timeout=60) as response, open(tmp, "wb") as f:
             shutil.copyfileobj(response, f)
         how = f"downloaded from {url}"
-    if _sha256(tmp) != sha:
+    if file_sha256(tmp) != sha:
         tmp.unlink()
         raise SystemExit(f"error: {name}: sha256 mismatch ({how}); expected {sha}")
     tmp.rename(target)

@@ -20,7 +20,7 @@ import pandas as pd
 
 from evaluation.engine.errors import HarnessError
 from evaluation.files import write_text
-from evaluation.report import method_sort_key
+from evaluation.report.load import method_sort_key
 
 COLUMNS = {"method_label": "method", "speedup": "speedup", "mat": "MAT", "tokens_per_s": "tokens/s",
            "verified_per_step": "draft nodes/step", "ms_per_step_forward": "forward ms/step",

@@ -118,7 +118,7 @@ def first_differences(lm, runs_dir: Path, questions: dict) -> pd.DataFrame:
     top-2 logit margin there: a plain causal forward of `lm` over the prompt of that turn (asked after vanilla's
     own earlier answers, which both share) plus vanilla's tokens before the position."""
     from evaluation.tools.half_precision import token_margins
-    from evaluation.report import first_difference
+    from evaluation.report.load import first_difference
     from evaluation.templates import build_prompt_ids
 
     runs: dict[str, dict[str, list]] = {}

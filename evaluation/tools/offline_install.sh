@@ -63,11 +63,11 @@ for step in $STEPS; do
         || fail "unknown step '$step' in STEPS (wheels model data convert rest)"
 done
 command -v "$PYTHON" >/dev/null 2>&1 || fail "python not found: '$PYTHON' (set PYTHON=/path/to/python3)"
-[[ -f "$BUNDLE/MANIFEST.json" && -f "$BUNDLE/offline_bundle.py" ]] \
-    || fail "$BUNDLE is not a complete offline bundle (MANIFEST.json or offline_bundle.py missing)"
+[[ -f "$BUNDLE/MANIFEST.json" && -f "$BUNDLE/offline_install.py" ]] \
+    || fail "$BUNDLE is not a complete offline bundle (MANIFEST.json or offline_install.py missing)"
 [[ -f "$REPO/evaluation/models.py" && -f "$REPO/run.py" ]] \
     || fail "$REPO is not the harness's repository: run from its root, or set REPO=/path/to/repository"
-HELPER=("$PYTHON" "$BUNDLE/offline_bundle.py")
+HELPER=("$PYTHON" "$BUNDLE/offline_install.py")  # evaluation/tools/offline_install.py
 manifest() { "${HELPER[@]}" get "$BUNDLE" "$1"; }
 have="$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')" || fail "$PYTHON does not run"
 want="$(manifest target.python)" || fail "cannot read $BUNDLE/MANIFEST.json with $PYTHON"

@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from evaluation.files import write_text
-from evaluation.report import method_sort_key
+from evaluation.report.load import method_sort_key
 
 
 def setting_label(row, manifest: dict) -> str:

@@ -18,8 +18,8 @@ from pathlib import Path
 
 from evaluation.engine.errors import HarnessError
 from evaluation.files import write_text
-from gumiho.checkpoint import TOKEN_COUNTS, is_harness_draft, token_counts_text
-from gumiho.data import count_assistant_tokens, iter_samples
+from drafts.checkpoint import TOKEN_COUNTS, is_harness_draft, token_counts_text
+from drafts.data import count_assistant_tokens, iter_samples
 
 
 ROOT = Path(__file__).resolve().parent.parent.parent

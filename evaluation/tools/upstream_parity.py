@@ -84,7 +84,7 @@ DEVICE_PATCHES = (
 )
 # The parameters of EAGLE-1/2's draft (`Model` in Spec-Bench's model/eagle*/cnets.py) besides its embedding, which
 # upstream's checkpoints hold as a copy of the target's and ours shares with the target. Our draft
-# (`GumihoDraft` with one layer and no heads) names them the same way: gumiho/checkpoint.py reads upstream's as is.
+# (`SerialDraft` with one layer and no heads) names them the same way: drafts/checkpoint.py reads upstream's as is.
 UPSTREAM_EAGLE_KEYS = (
     "fc.weight", "fc.bias",
     "layers.0.self_attn.q_proj.weight", "layers.0.self_attn.k_proj.weight", "layers.0.self_attn.v_proj.weight",
@@ -303,11 +303,11 @@ def gumiho_job(lm, scratch: Path) -> dict:
     """Our committed draft in the form upstream's Gumiho reads (its config with `rope_theta` at the top, as
     transformers 4.36 reads it), and our tree settings as upstream's arguments."""
     from evaluation.tools.half_precision import build_method
-    from gumiho.method import committed_draft_dir
+    from evaluation.families import family
 
     method = build_method(lm, "gumiho", **UPSTREAM_OPTIONS.get("gumiho", {}))
     config = method.config
-    folder = committed_draft_dir(lm.name) if config.draft is None else Path(config.draft)
+    folder = family("gumiho").committed_dir(lm.name) if config.draft is None else Path(config.draft)
     draft_config = json.loads((folder / "config.json").read_text())
     with_top_level_rope_theta(draft_config)
     converted = scratch / "gumiho-draft-config.json"

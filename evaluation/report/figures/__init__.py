@@ -3,8 +3,8 @@
     python -m evaluation.report.figures [--results results/runs] [--out results/figures]
                                  [--published PATH] [--motivation PATH ...]
 
-Everything is computed from saved runs only, through `evaluation.report.load_runs` / `summarize`, so the numbers
-are the report's. Runs are grouped into *settings*: the manifest's `comparison` block without its `repeat` index
+Everything is computed from saved runs only, through `evaluation.report.load.load_runs` / `stats.summarize`, so the
+numbers are the report's. Runs are grouped into *settings*: the manifest's `comparison` block without its `repeat` index
 (model, question file, selection, token budget, dtype, device). Within a setting each repeat is compared with the
 vanilla run of the same repeat (its comparison_key); with several repeats Table 1 gives mean ± sample standard
 deviation over the repeats.
@@ -21,7 +21,6 @@ CSV files are byte-identical between two builds on the same runs (sorted rows, f
 files are written without timestamps or software versions.
 """
 
-from evaluation import report
 from evaluation.report.figures.ablations import ABLATED_OPTIONS, ablation_table, plot_ablations
 from evaluation.report.figures.build import build_all, main
 from evaluation.report.figures.common import (EXTRA_COLOURS, PART_COLOURS, SUBTASK_COLOURS, colour_map, order_methods,
@@ -35,4 +34,4 @@ __all__ = ["ABLATED_OPTIONS", "EXTRA_COLOURS", "PART_COLOURS", "PUBLISHED_MODEL"
            "SUBTASK_COLOURS", "TABLE1_COLUMNS", "accept_lengths", "ablation_table", "build_all", "colour_map",
            "default_published_csv", "find_motivation", "load_motivation", "load_published", "main",
            "order_methods", "plot_ablations", "plot_acceptance", "plot_breakdown", "plot_motivation",
-           "published_table", "report", "summarize_settings", "table1", "table1_display", "with_settings"]
+           "published_table", "summarize_settings", "table1", "table1_display", "with_settings"]

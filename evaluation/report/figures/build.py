@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from evaluation import report
 from evaluation.engine.errors import HarnessError
+from evaluation.families import family
 from evaluation.files import write_text
 from evaluation.report.figures.ablations import ablation_table, plot_ablations
 from evaluation.report.figures.gumiho import (draft_curves, family_curves, gumiho_table, plot_family_curves,
@@ -21,13 +21,13 @@ from evaluation.report.figures.tables import (LEADERBOARD_MODELS, PUBLISHED_MODE
                                               default_gumiho_paper_csv, default_published_csv, leaderboard_model,
                                               load_published, published_comparison, published_table, table1,
                                               table1_display)
-from evaluation.report import method_sort_key
+from evaluation.report.load import load_runs, method_sort_key, missing_runs, provenance
 
 OUTPUT_PATTERNS = ("table1.md", "table1.tex", "table1.csv", "published_specbench.csv", "table1_vs_published.csv",
                    "ablations_*.csv", "ablations_*.png", "ablations_*.pdf", "breakdown_*.png", "breakdown_*.pdf",
                    "budget_*.csv", "budget_*.png", "budget_*.pdf", "acceptance_*.png", "acceptance_*.pdf",
                    "motivation_*.png", "motivation_*.pdf", "gumiho.csv", "training_*.png", "training_*.pdf")
-DRAFTS_DIR = Path(__file__).resolve().parents[3] / "gumiho" / "drafts"
+DRAFTS_DIR = family("gumiho").drafts  # the committed Gumiho drafts, whose training curves get a figure each
 
 
 def _remove_old_outputs(out: Path, keep: list[Path]) -> None:
@@ -85,9 +85,9 @@ def build_all(results_dir: str | Path | list[str | Path], out_dir: str | Path,
     """Write every table and figure from the runs under `results_dir` (one folder, or several each compared with
     its own vanilla) into `out_dir`; returns the files."""
     out = Path(out_dir)
-    df = report.load_runs(results_dir)
+    df = load_runs(results_dir)
     if df.empty:  # the outputs there (committed ones, on a fresh clone) stay as they are
-        raise HarnessError(f"{report.missing_runs(results_dir)}; {out} is left as it is")
+        raise HarnessError(f"{missing_runs(results_dir)}; {out} is left as it is")
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     folders = [results_dir] if isinstance(results_dir, (str, Path)) else list(results_dir)
@@ -112,7 +112,7 @@ def build_all(results_dir: str | Path | list[str | Path], out_dir: str | Path,
             shown = table1_display(table, setting)
             heading = (f"{rows.setting_title.iloc[0]}, {rows.questions.max()} questions, "
                        f"{rows.repeats.max()} repeat{'s' if rows.repeats.max() != 1 else ''} (setting {setting})")
-            md += [f"### {heading}", "", report.provenance(df[df.setting == setting].run_dir), "", _markdown(shown), ""]
+            md += [f"### {heading}", "", provenance(df[df.setting == setting].run_dir), "", _markdown(shown), ""]
             tex += [f"% setting {setting}",
                     _latex(shown, f"Speedup and MAT over vanilla: {heading}.", f"tab:table1-{setting}"), ""]
         write_text(out / "table1.tex", "\n".join(tex))
@@ -170,7 +170,7 @@ def build_all(results_dir: str | Path | list[str | Path], out_dir: str | Path,
         written += _save(figure, out / f"training_{model}")
         captions.append(f"- `training_{model}.png/.pdf`: held-out top-1 accuracy of the committed Gumiho draft per "
                         f"depth (1-2 serial layers, 3-7 MLP heads) against training tokens (`{curve_csv.name}`).")
-        curves = family_curves(Path(drafts_dir).parent.parent, model)
+        curves = family_curves(model)
         if len(curves) > 1:
             written += _save(plot_family_curves(curves, model), out / f"training_families_{model}")
             captions.append(f"- `training_families_{model}.png/.pdf`: held-out top-1 accuracy at depths 1-4 against "

@@ -15,10 +15,10 @@ if not os.environ.get("MPLBACKEND"):  # a notebook kernel sets its inline backen
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from evaluation import report  # noqa: E402
 from evaluation.catalog import method_display  # noqa: E402
 from evaluation.files import replacing  # noqa: E402
-from evaluation.report import method_sort_key  # noqa: E402 - one method order everywhere
+from evaluation.report.load import method_sort_key  # noqa: E402 - one method order everywhere
+from evaluation.report.stats import summarize  # noqa: E402
 from evaluation.questions import SUBTASKS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -107,9 +107,9 @@ def with_settings(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def summarize_settings(df: pd.DataFrame) -> pd.DataFrame:
-    """report.summarize(df) plus the setting columns (one row per comparison, method run and subtask)."""
+    """`summarize(df)` (the report's) plus the setting columns (one row per comparison, method run and subtask)."""
     df = with_settings(df)
-    summary = report.summarize(df)
+    summary = summarize(df)
     if summary.empty:
         return summary
     keys = df.drop_duplicates("comparison_key").set_index("comparison_key")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from evaluation.families import families
 from evaluation.report.figures.common import plt
 
 PAPER_TABLES = {"gumiho_main_temp0": 0.0, "gumiho_main_temp1": 1.0}
@@ -19,32 +20,25 @@ def draft_curves(drafts_dir: str | Path) -> dict[str, Path]:
     return {path.parent.name: path for path in sorted(Path(drafts_dir).glob("*/curve.csv"))}
 
 
-def family_curves(root: str | Path, model: str) -> dict[str, pd.DataFrame]:
-    """The training curves of the committed drafts of every family for `model`, by family (the Gumiho draft under
-    gumiho/drafts/, EAGLE's and EAGLE-3's under eagle/drafts/<family>/, Medusa's and Hydra's heads under
-    medusa/drafts/<family>/), those that exist."""
-    root = Path(root)
-    paths = {"gumiho": root / "gumiho" / "drafts" / model / "curve.csv",
-             "eagle": root / "eagle" / "drafts" / "eagle" / model / "curve.csv",
-             "eagle3": root / "eagle" / "drafts" / "eagle3" / model / "curve.csv",
-             "medusa": root / "medusa" / "drafts" / "medusa" / model / "curve.csv",
-             "hydra": root / "medusa" / "drafts" / "hydra" / model / "curve.csv"}
-    return {family: pd.read_csv(path) for family, path in paths.items() if path.is_file()}
+def family_curves(model: str, registry: dict | None = None) -> dict[str, pd.DataFrame]:
+    """The training curves of the committed drafts of every trained-draft family (conf/family/, or `registry`) for
+    `model`, by family, those that exist (`<the family's drafts>/<model>/curve.csv`)."""
+    registry = families() if registry is None else registry
+    paths = {name: entry.committed_dir(model) / "curve.csv" for name, entry in registry.items()}
+    return {name: pd.read_csv(path) for name, path in paths.items() if path.is_file()}
 
 
-FAMILY_TITLES = {"gumiho": "Gumiho (2 serial layers, 5 MLP heads)", "eagle": "EAGLE (1 layer)",
-                 "eagle3": "EAGLE-3 (fused features, training-time test)", "medusa": "Medusa (4 heads)",
-                 "hydra": "Hydra++ (prefix layer, 4 heads)"}
-
-
-def plot_family_curves(curves: dict[str, pd.DataFrame], model: str, depths=(1, 2, 3, 4)):
-    """Held-out top-1 accuracy against training tokens, one panel per depth, one line per family."""
+def plot_family_curves(curves: dict[str, pd.DataFrame], model: str, depths=(1, 2, 3, 4),
+                       registry: dict | None = None):
+    """Held-out top-1 accuracy against training tokens, one panel per depth, one line per family (its registry
+    title)."""
+    registry = families() if registry is None else registry
     fig, axes = plt.subplots(1, len(depths), figsize=(3.2 * len(depths), 3.2), sharey=True)
     for ax, depth in zip(axes, depths):
         for family, curve in curves.items():
             column = f"acc{depth}"
             if column in curve:
-                ax.plot(curve.tokens, curve[column], marker="o", markersize=3, label=FAMILY_TITLES.get(family, family))
+                ax.plot(curve.tokens, curve[column], marker="o", markersize=3, label=registry[family].title if family in registry else family)
         ax.set_title(f"depth {depth}", fontsize=10)
         ax.set_xlabel("training tokens")
         ax.xaxis.set_major_formatter(lambda x, _: f"{x / 1e3:.0f}k")

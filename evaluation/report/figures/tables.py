@@ -14,7 +14,7 @@ import pandas as pd
 from evaluation.catalog import available_methods, method_display, model_name
 from evaluation.report.figures.common import ROOT, summarize_settings
 from evaluation.questions import SUBTASK_TITLES, SUBTASKS
-from evaluation.report import method_sort_key
+from evaluation.report.load import method_sort_key
 
 PUBLISHED_DIR = ROOT / "results" / "published"
 PUBLISHED_CSV = "specbench_leaderboard.csv"

@@ -7,6 +7,10 @@ the pool index of its parent (-1 = the root, i.e. the pending token):
   - an MLP level (Gumiho) expands every beam by the top-`mlptopk` tokens of its anchor's head output and keeps
     the global top-`pruning`.
 Then the `budget` best nodes are chosen (`select_nodes`) and laid out in pool order (`layout`).
+
+A static tree (EAGLE-1's, Medusa's, Hydra's) is a fixed list of rank paths instead: `StaticTree` lays them out. A
+path (c1, ..., cd) is the node whose token is the c_d-th best token of the prediction at its parent; nodes are laid
+out in (depth, path) order, so a parent always comes before its children.
 """
 
 from __future__ import annotations
@@ -136,3 +140,36 @@ def fta_rows(paths: list[list[int]]) -> list[list[int]]:
             if len(row) == col:
                 row.append(star)
     return rows
+
+
+@dataclass(frozen=True)
+class StaticTree:
+    """The nodes of a list of rank paths in layout order: node i (0-based, the pending token excluded)."""
+
+    paths: tuple[tuple[int, ...], ...]
+    parents: tuple[int, ...]  # parent node index, -1 for a child of the pending token
+    ranks: tuple[int, ...]  # the node's rank among its parent's predictions
+    expanded_by_depth: tuple[tuple[int, ...], ...]  # per depth 1.., the nodes with children, in layout order
+    children_of: tuple[tuple[int, ...], ...]  # per node, its children in layout order
+
+    @classmethod
+    def from_paths(cls, paths) -> "StaticTree":
+        paths = tuple(sorted({tuple(int(c) for c in p) for p in paths}, key=lambda p: (len(p), p)))
+        if not paths or any(not p or min(p) < 0 for p in paths):
+            raise ValueError("a static tree is a non-empty list of non-empty paths of ranks >= 0")
+        index = {p: i for i, p in enumerate(paths)}
+        missing = [p for p in paths if len(p) > 1 and p[:-1] not in index]
+        if missing:
+            raise ValueError(f"static tree path {list(missing[0])} has no parent path {list(missing[0][:-1])}")
+        parents = tuple(index[p[:-1]] if len(p) > 1 else -1 for p in paths)
+        has_children = set(parents)
+        depth = max(len(p) for p in paths)
+        expanded = tuple(tuple(i for i, p in enumerate(paths) if len(p) == d and i in has_children)
+                         for d in range(1, depth))
+        children = tuple(tuple(i for i, parent in enumerate(parents) if parent == node) for node in range(len(paths)))
+        return cls(paths, parents, tuple(p[-1] for p in paths), expanded, children)
+
+    @property
+    def top_k(self) -> int:
+        """How many ranked predictions a node needs: one more than the largest rank."""
+        return max(self.ranks) + 1

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from gumiho.draft_model import GumihoDraft
+from drafts.serial_draft import SerialDraft
 
 MAX_DEPTH = 7
 
@@ -28,7 +28,7 @@ def heldout_set(lm, question_file: str | Path, per_subtask: int, new_tokens: int
             return torch.load(cache, weights_only=True)  # lists of token ids; never runs code from the file
         except Exception as exc:  # noqa: BLE001 - any unreadable file: one line naming it
             from evaluation.engine.errors import HarnessError
-            from gumiho.checkpoint import reason
+            from drafts.checkpoint import reason
 
             raise HarnessError(f"held-out cache {cache} cannot be read ({reason(exc)}); remove it to recompute it") \
                 from None
@@ -91,7 +91,7 @@ def serial_unroll(draft, x_next: torch.Tensor, features: torch.Tensor, depths: i
 
 
 @torch.no_grad()
-def depth_accuracy(draft: GumihoDraft, target, items, max_prompt: int = 768) -> dict:
+def depth_accuracy(draft: SerialDraft, target, items, max_prompt: int = 768) -> dict:
     """{"positions": n, "acc1".."accD": float} pooled over every continuation position of every item."""
     depths = min(MAX_DEPTH, 2 + draft.mlp_num) if draft.mlp_num else MAX_DEPTH
     correct = torch.zeros(depths)

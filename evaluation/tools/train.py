@@ -1,5 +1,6 @@
-"""Train a Gumiho draft for a target: `python -m evaluation.tools.train_gumiho model=<model> [train=<recipe>]
-[train.key=value ...]` (`make train-gumiho`). The recipe and the trainer are in `gumiho/train.py`; a rerun resumes."""
+"""Train a draft of one family for a target: `python -m evaluation.tools.train [family=<family>] [model=<model>]
+[train=<recipe>] [train.key=value ...]` (`make train FAMILY=... MODEL=...`). The family's YAML (conf/family/) lays
+its defaults over the recipe (conf/train/); the trainer is drafts/train.py; a rerun resumes."""
 
 from __future__ import annotations
 
@@ -9,14 +10,16 @@ import sys
 import hydra
 from omegaconf import OmegaConf
 
+from drafts.train import Trainer, options_from
 from evaluation.engine.errors import HarnessError, OptionError
-from gumiho.train import Trainer, options_from
+from evaluation.families import FamilyEntry
 
 
 def train(cfg) -> dict:
-    from evaluation.run.config import ModelConfig
     from evaluation.models import load_model
+    from evaluation.run.config import ModelConfig
 
+    entry = FamilyEntry.from_config(OmegaConf.to_container(cfg, resolve=True), "family=...")
     options = options_from(cfg.train)
     model_cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), cfg.model))
     model_cfg.dtype = "float32"  # the target's weights stay float32; `train.dtype` sets the autocast
@@ -25,7 +28,7 @@ def train(cfg) -> dict:
     except OptionError as exc:
         raise exc.in_group("model") from None
     lm = load_model(model_cfg, options.device)
-    return Trainer(lm, options, model_cfg.name).run()
+    return Trainer(lm, options, model_cfg.name, entry).run()
 
 
 @hydra.main(version_base="1.3", config_path="../../conf", config_name="train_config")

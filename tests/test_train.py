@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gumiho.data import iter_samples, messages_of, render
-from gumiho.evaluate import depth_accuracy
-from gumiho.train import Trainer, TrainOptions
+from drafts.data import iter_samples, messages_of, render
+from drafts.evaluate import depth_accuracy
+from drafts.train import Trainer, TrainOptions
+from evaluation.families import family as registered
 from tests.conftest import question_file
 
 
@@ -46,38 +47,43 @@ def options(tmp_path, **changes) -> TrainOptions:
     return TrainOptions(**base)
 
 
+def trainer_of(lm, opts: TrainOptions, family="gumiho", name: str = "tiny") -> Trainer:
+    """A trainer of `family` (a registered name, or an entry of one's own)."""
+    return Trainer(lm, opts, name, registered(family) if isinstance(family, str) else family)
+
+
 def test_a_few_steps_lower_the_loss(lm, tmp_path):
-    trainer = Trainer(lm, options(tmp_path, mlp_feature_only_tokens=-1, soft_ce="candidates"), "tiny")
+    trainer = trainer_of(lm, options(tmp_path, mlp_feature_only_tokens=-1, soft_ce="candidates"))
     sample = next(s for s in iter_samples(lm.tokenizer, lm.chat_template, 96) if sum(s.loss_mask) >= 16)
     losses = [trainer.train_step([sample])["loss"] for _ in range(6)]
     assert losses[-1] < 0.8 * losses[0], losses
 
 
-EAGLE3 = {"family": "eagle3", "mlp_num": 0, "draft_vocab": 1024, "vocab_records": 30, "unroll": 3,
+EAGLE3 = {"mlp_num": 0, "draft_vocab": 1024, "vocab_records": 30, "unroll": 3,
           "soft_ce": "candidates"}
 
 
-MEDUSA = {"family": "medusa", "mlp_num": 0, "medusa_heads": 3, "draft_vocab": 1024, "vocab_records": 30}
-HYDRA = {"family": "hydra", "mlp_num": 0, "medusa_heads": 3, "draft_vocab": 1024, "vocab_records": 30}
+MEDUSA = {"mlp_num": 0, "medusa_heads": 3, "draft_vocab": 1024, "vocab_records": 30}
+HYDRA = {"mlp_num": 0, "medusa_heads": 3, "draft_vocab": 1024, "vocab_records": 30}
 
 
-@pytest.mark.parametrize("family", [{"family": "eagle", "mlp_num": 0}, EAGLE3, MEDUSA, HYDRA],
-                         ids=["eagle", "eagle3", "medusa", "hydra"])
-def test_a_few_steps_lower_each_familys_loss(lm, tmp_path, family):
-    trainer = Trainer(lm, options(tmp_path, **family), "tiny")
+@pytest.mark.parametrize("family, changes", [("eagle", {"mlp_num": 0}), ("eagle3", EAGLE3), ("medusa", MEDUSA),
+                                             ("hydra", HYDRA)], ids=["eagle", "eagle3", "medusa", "hydra"])
+def test_a_few_steps_lower_each_familys_loss(lm, tmp_path, family, changes):
+    trainer = trainer_of(lm, options(tmp_path, **changes), family)
     sample = next(s for s in iter_samples(lm.tokenizer, lm.chat_template, 96) if sum(s.loss_mask) >= 16)
     losses = [trainer.train_step([sample])["loss"] for _ in range(6)]
     assert losses[-1] < 0.8 * losses[0], losses
-    if family["family"] == "eagle3":  # the draft proposes from the 1024 most frequent assistant tokens
+    if family == "eagle3":  # the draft proposes from the 1024 most frequent assistant tokens
         assert trainer.draft.vocab_ids.numel() == 1024 and int(trainer.draft.t2d.sum()) == 1024
-    if family["family"] in ("medusa", "hydra"):  # three heads over the same 1024 tokens; the method reads them
+    if family in ("medusa", "hydra"):  # three heads over the same 1024 tokens; the method reads them
         assert trainer.draft.num_heads == 3 and trainer.draft.vocab == 1024
         from medusa.heads import load_heads
         from medusa.hydra_heads import load_hydra_heads
 
         trainer.evaluate()  # the curve the written folder carries
         trainer.save_final({})
-        load = load_heads if family["family"] == "medusa" else load_hydra_heads
+        load = load_heads if family == "medusa" else load_hydra_heads
         heads = load(str(tmp_path / "draft"), lm.model)
         assert heads.num_heads == 3 and torch.equal(heads.vocab_ids, trainer.draft.vocab_ids)
         saved = trainer.draft.state_dict()  # float16 on disk
@@ -86,13 +92,14 @@ def test_a_few_steps_lower_each_familys_loss(lm, tmp_path, family):
 
 # Resuming is the trainer's, whatever the family: a serial draft, EAGLE-3's, and Hydra's heads (dropout draws from
 # the saved generator state); Medusa's heads are read back above.
-@pytest.mark.parametrize("family", [{}, EAGLE3, HYDRA], ids=["gumiho", "eagle3", "hydra"])
-def test_a_stopped_run_resumes_to_the_uninterrupted_state(lm, tmp_path, family):
-    whole = Trainer(lm, options(tmp_path / "a", max_steps=4, **family), "tiny")
+@pytest.mark.parametrize("family, changes", [("gumiho", {}), ("eagle3", EAGLE3), ("hydra", HYDRA)],
+                         ids=["gumiho", "eagle3", "hydra"])
+def test_a_stopped_run_resumes_to_the_uninterrupted_state(lm, tmp_path, family, changes):
+    whole = trainer_of(lm, options(tmp_path / "a", max_steps=4, **changes), family)
     whole.run()
-    first = Trainer(lm, options(tmp_path / "b", max_steps=2, **family), "tiny")
+    first = trainer_of(lm, options(tmp_path / "b", max_steps=2, **changes), family)
     first.run()
-    resumed = Trainer(lm, options(tmp_path / "b", max_steps=4, **family), "tiny")
+    resumed = trainer_of(lm, options(tmp_path / "b", max_steps=4, **changes), family)
     resumed.run()
     assert (resumed.step, resumed.tokens, resumed.position) == (whole.step, whole.tokens, whole.position)
     a, b = whole.draft.state_dict(), resumed.draft.state_dict()
@@ -104,9 +111,9 @@ def test_a_stopped_run_resumes_to_the_uninterrupted_state(lm, tmp_path, family):
 
 
 def test_per_depth_evaluation_runs(lm):
-    from gumiho.draft_model import GumihoDraft
+    from drafts.serial_draft import SerialDraft
 
-    draft = GumihoDraft.for_target(lm.model)
+    draft = SerialDraft.for_target(lm.model)
     prompt = lm.tokenizer.apply_chat_template([{"role": "user", "content": "Count to five."}], tokenize=True,
                                               add_generation_prompt=True, return_dict=False)
     from evaluation.catalog import method_class

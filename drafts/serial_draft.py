@@ -1,11 +1,12 @@
-"""The Gumiho draft network (docs/methods/gumiho.md, Draft network): fc(2H -> H), two Llama decoder layers, parallel MLP heads;
-with one decoder layer and no heads it is EAGLE's draft (EAGLE-1 and EAGLE-2, docs/methods/eagle.md).
+"""The serial draft that reads the target's hidden states: EAGLE's draft (EAGLE-1 and EAGLE-2, docs/methods/eagle.md:
+fc(2H -> H) and one Llama decoder layer), and with two layers and parallel MLP heads Gumiho's (docs/methods/gumiho.md,
+Draft network). Both families' released checkpoints share this layout, so one class and one loader serve both.
 
-The draft reads target hidden states. Its serial part is EAGLE's: at draft position j the input is
-fc([emb(token_{j+1}) ; feature_j]) and the two decoder layers (the first without an input norm, no final norm)
-output a feature whose logits, through the target's own frozen head, predict token j+2. The parallel part is
-`mlp`, a plain list of heads `A -> R x 5` (the layout of the released checkpoints' `mlp.<i>.*` keys): each maps
-the concatenation of two serial (feature, token) pairs, passed through `fc`, to the feature of a deeper token.
+At draft position j the input is fc([emb(token_{j+1}) ; feature_j]) and the decoder layers (the first without an
+input norm, no final norm) output a feature whose logits, through the target's own frozen head, predict token j+2.
+Gumiho's parallel part is `mlp`, a plain list of heads `A -> R x 5` (the layout of the released checkpoints'
+`mlp.<i>.*` keys): each maps the concatenation of two serial (feature, token) pairs, passed through `fc`, to the
+feature of a deeper token.
 
 The embedding and the head are the target's own modules, held by reference and never registered here: they are
 frozen, not saved with the draft, and a tied-embedding target (SmolLM2) needs no separate copy. A reduced draft
@@ -105,7 +106,7 @@ def draft_config(target_config, attn_implementation: str = "sdpa", layers: int =
     return config
 
 
-class GumihoDraft(nn.Module):
+class SerialDraft(nn.Module):
     """`config.num_hidden_layers` serial layers plus `mlp_num` parallel heads; one layer and no heads is EAGLE's
     draft."""
 
@@ -123,14 +124,14 @@ class GumihoDraft(nn.Module):
         self.vocab_ids: torch.Tensor | None = None  # draft index -> target id; None: the whole vocabulary
         self._head_rows = ()  # (the head's rows for vocab_ids,), not a parameter: derived from the frozen head
 
-    def attach(self, embedding: nn.Module, head: nn.Module) -> "GumihoDraft":
+    def attach(self, embedding: nn.Module, head: nn.Module) -> "SerialDraft":
         """Use the target's own frozen embedding and lm_head."""
         self._target = (embedding, head)
         return self
 
     @classmethod
     def for_target(cls, target_model, mlp_num: int = 5, attn_implementation: str = "sdpa",
-                   layers: int = SERIAL_LAYERS, overrides: dict | None = None) -> "GumihoDraft":
+                   layers: int = SERIAL_LAYERS, overrides: dict | None = None) -> "SerialDraft":
         """A draft shaped by the target's config (`overrides`: what a released draft's own config says otherwise,
         its RoPE), using the target's embedding and head."""
         draft = cls(draft_config(target_model.config, attn_implementation, layers, overrides), mlp_num)

@@ -1,6 +1,7 @@
-"""Training data (docs/methods/gumiho.md, Training data): ShareGPT conversations rendered with the target's chat template.
+"""Training data for every family (docs/methods/gumiho.md, Training data): ShareGPT conversations rendered with the
+target's chat template, and the draft vocabulary they choose.
 
-The packaged ShareGPT JSON stops mid-record, so it is read record by record (`baselines.rest_datastore`). Each
+The packaged ShareGPT JSON stops mid-record, so it is read record by record (`evaluation.corpus`). Each
 conversation becomes `input_ids` and a loss mask that is 1 on assistant-reply tokens only: the text is rendered
 turn by turn, the character span of every reply is the growth of the rendering when the reply is added, and a
 token is an assistant token when its first character lies in such a span. The replies are ShareGPT's own; the
@@ -10,9 +11,10 @@ target's hidden states are computed on the fly by the trainer, never stored.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import takewhile
 from typing import Iterator, Optional
 
-from baselines.rest_datastore import corpus_path, iter_records
+from evaluation.corpus import corpus_path, iter_records
 
 ROLES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant", "assistant": "assistant"}
 
@@ -97,3 +99,26 @@ def count_assistant_tokens(samples, vocab_size: int):
         ids = torch.tensor(sample.input_ids)[torch.tensor(sample.loss_mask, dtype=torch.bool)]
         counts += torch.bincount(ids, minlength=vocab_size)[:vocab_size]
     return counts
+
+
+def most_frequent(counts, n: int):
+    """The ids of the `n` largest counts, ties to the lower id (a stable order)."""
+    import torch
+
+    order = torch.sort(-counts, stable=True).indices
+    return order[:n]
+
+
+def training_vocabulary(lm, options):
+    """The sorted target ids of a reduced draft vocabulary (None: the whole vocabulary): the `draft_vocab` target
+    tokens most frequent in the assistant text of the first `vocab_records` records the run reads, as the target
+    tokenizes it; ties go to the lower id (EAGLE-3's recipe; Medusa and Hydra use it too)."""
+    import torch
+
+    vocab = lm.model.config.vocab_size
+    if options.draft_vocab is None or options.draft_vocab >= vocab:
+        return None
+    samples = takewhile(lambda s: s.record < options.vocab_records,
+                        iter_samples(lm.tokenizer, lm.chat_template, options.max_length, 0, options.corpus))
+    counts = count_assistant_tokens(samples, vocab)
+    return torch.sort(most_frequent(counts, options.draft_vocab)).values

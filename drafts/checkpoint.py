@@ -1,4 +1,5 @@
-"""Draft checkpoints: the released Gumiho ones (`pytorch_model.bin`) and ours (safetensors float16), one loader.
+"""Draft checkpoints, read and written: the released serial drafts (Gumiho's and EAGLE's, `pytorch_model.bin`) and
+ours (safetensors float16) through one loader, the checks every family's loader shares, and `save_draft`.
 
 Released checkpoints (`amd/Gumiho-*`) hold `embed_tokens.weight`, `fc.*`, `layers.{0,1}.*` (no
 `layers.0.input_layernorm`) and the heads as `mlp.<i>.<block>.linear.*`; upstream's inference wrapper renames the
@@ -29,8 +30,10 @@ from typing import Optional
 
 import torch
 
+from evaluation import hub
 from evaluation.engine.errors import HarnessError
-from gumiho.draft_model import GumihoDraft, config_rope
+from drafts.data import most_frequent
+from drafts.serial_draft import SerialDraft, config_rope
 
 OUR_WEIGHTS = "model.safetensors"
 UPSTREAM_WEIGHTS = "pytorch_model.bin"
@@ -41,21 +44,8 @@ _LAYER_KEY = re.compile(r"^layers\.(\d+)\.")
 
 
 def resolve(source: str | os.PathLike) -> Path:
-    """A local folder as is; anything else is taken as a hub id and fetched into huggingface_hub's cache."""
-    path = Path(source).expanduser()
-    if path.is_dir():
-        return path
-    if path.exists() or str(source).startswith((".", "/", "~")):
-        raise HarnessError(f"draft folder not found: {path}")
-    try:
-        from huggingface_hub import snapshot_download
-
-        folder = snapshot_download(str(source), allow_patterns=["config.json", UPSTREAM_WEIGHTS, OUR_WEIGHTS,
-                                                                "manifest.json", TOKEN_COUNTS])
-    except Exception as exc:  # noqa: BLE001 - network, auth, unknown repo: one line for the user
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise HarnessError(f"cannot fetch draft {source!r} from the hub: {first} (give a local folder)") from None
-    return Path(folder)
+    """A draft's folder: a local folder as is, a hub id through the hub's cache (`evaluation.hub.resolve`)."""
+    return hub.resolve(source, [UPSTREAM_WEIGHTS, OUR_WEIGHTS, "manifest.json", TOKEN_COUNTS], "draft")
 
 
 def normalise_keys(state: dict) -> dict:
@@ -129,7 +119,7 @@ def read_weights(folder: Path) -> dict:
     return state
 
 
-def load_draft(source: str | os.PathLike, target_model, attn_implementation: str = "sdpa") -> GumihoDraft:
+def load_draft(source: str | os.PathLike, target_model, attn_implementation: str = "sdpa") -> SerialDraft:
     """A draft for `target_model` from a local folder or hub id, on the target's device and dtype; a folder that
     cannot be read or does not fit the target raises `HarnessError` (one line naming the file)."""
     folder = resolve(source)
@@ -145,7 +135,7 @@ def load_draft(source: str | os.PathLike, target_model, attn_implementation: str
         # EAGLE's `"bias": false` (its Llama-3 drafts): upstream builds fc without a bias and saves none; a zero
         # bias is the same map. (Gumiho's configs say false too but its code ignores it: theirs hold fc.bias.)
         state["fc.bias"] = torch.zeros(state["fc.weight"].shape[0], dtype=state["fc.weight"].dtype)
-    draft = GumihoDraft.for_target(target_model, count_heads(state), attn_implementation, layers,
+    draft = SerialDraft.for_target(target_model, count_heads(state), attn_implementation, layers,
                                    {"rope_parameters": checkpoint_rope(config)})
     return fill(draft, state, source, target_model)
 
@@ -208,12 +198,6 @@ def token_counts_text(counts: torch.Tensor) -> str:
     """`token_id,count` rows for the tokens that occur, most frequent first (ties: lower id first)."""
     order = most_frequent(counts, int((counts > 0).sum()))
     return "token_id,count\n" + "".join(f"{int(t)},{int(counts[t])}\n" for t in order)
-
-
-def most_frequent(counts: torch.Tensor, n: int) -> torch.Tensor:
-    """The ids of the `n` largest counts, ties to the lower id (a stable order)."""
-    order = torch.sort(-counts, stable=True).indices
-    return order[:n]
 
 
 def is_harness_draft(folder: Path) -> bool:
