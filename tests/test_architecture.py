@@ -224,3 +224,45 @@ def test_the_report_modules_import_in_order_and_the_figures_not_the_command_line
         assert not graph[module] & later, f"{module} imports {sorted(graph[module] & later)}"
     figures = {m for m in graph if m.startswith("evaluation.report.figures")}
     assert figures and not any("evaluation.report.cli" in graph[m] for m in figures)
+
+
+def unsafe_loads(source: str) -> list[str]:
+    """Loads that can run code from a file: `torch.load` without `weights_only=True`, pickle (or dill, joblib),
+    `allow_pickle=True` and `trust_remote_code=True`, as (line: what)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            found += [f"{node.lineno}: imports {n}" for n in names
+                      if n.split(".")[0] in ("pickle", "cPickle", "_pickle", "dill", "joblib", "cloudpickle")]
+        if not isinstance(node, ast.Call):
+            continue
+        keywords = {k.arg: k.value for k in node.keywords}
+        for name in ("allow_pickle", "trust_remote_code"):
+            if name in keywords and not (isinstance(keywords[name], ast.Constant) and keywords[name].value is False):
+                found.append(f"{node.lineno}: {name}")
+        func = node.func
+        if isinstance(func, ast.Attribute) and func.attr == "load" and isinstance(func.value, ast.Name) \
+                and func.value.id == "torch":
+            safe = keywords.get("weights_only")
+            if not (isinstance(safe, ast.Constant) and safe.value is True):
+                found.append(f"{node.lineno}: torch.load without weights_only=True")
+    return sorted(found, key=lambda line: int(line.split(":")[0]))
+
+
+def test_nothing_loads_a_file_in_a_way_that_can_run_code():
+    """Every file a user may hand the harness (drafts, heads, training states, caches) is read as tensors only:
+    safetensors or `torch.load(weights_only=True)`, never pickle, never remote code."""
+    paths = [p for package in PACKAGES for p in (ROOT / package).rglob("*.py")] + [ROOT / "run.py"]
+    found = {str(p.relative_to(ROOT)): unsafe_loads(p.read_text(encoding="utf-8")) for p in paths}
+    assert {path: lines for path, lines in found.items() if lines} == {}
+
+
+def test_the_unsafe_load_scan_catches_each_kind():
+    planted = ("import pickle\nfrom dill import loads\nimport torch, numpy as np\n"
+               "a = torch.load(path)\nb = torch.load(path, weights_only=False)\nc = torch.load(path, weights_only=True)\n"
+               "d = np.load(path, allow_pickle=True)\ne = AutoModel.from_pretrained(x, trust_remote_code=True)\n"
+               "f = np.load(path, allow_pickle=False)\n")
+    assert unsafe_loads(planted) == ["1: imports pickle", "2: imports dill", "4: torch.load without weights_only=True",
+                                     "5: torch.load without weights_only=True", "7: allow_pickle",
+                                     "8: trust_remote_code"]

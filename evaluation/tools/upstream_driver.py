@@ -274,7 +274,7 @@ def load_medusa(job: dict):
     config = json.loads(open(os.path.join(job["heads"], "config.json")).read())
     base = medusa_model.KVLlamaForCausalLM.from_pretrained(job["model"], torch_dtype=torch.float32).eval()
     model = medusa_model.MedusaModel(base, job["num_heads"], config["medusa_num_layers"], job["model"])
-    state = torch.load(os.path.join(job["heads"], "medusa_lm_head.pt"), map_location="cpu")
+    state = torch.load(os.path.join(job["heads"], "medusa_lm_head.pt"), map_location="cpu", weights_only=True)
     check_loaded(model.medusa_head.load_state_dict(state, strict=False), model.medusa_head)
     model.eval()
     tokenizer = SimpleNamespace(eos_token_id=job["eos"])
@@ -303,7 +303,7 @@ def load_hydra(job: dict):
     model = hydra_model.HydraModel(base, config["hydra_num_heads"], config["hydra_num_layers"],
                                    config["hydra_head_arch"], job["model"], config["grounded_heads"],
                                    config["hidden_state_offset"])
-    state = torch.load(os.path.join(job["heads"], "hydra_lm_head.pt"), map_location="cpu")
+    state = torch.load(os.path.join(job["heads"], "hydra_lm_head.pt"), map_location="cpu", weights_only=True)
     # The prefix layer's own token embedding is never used (it reads the target's states as `inputs_embeds`).
     check_loaded(model.hydra_head.load_state_dict(state, strict=False), model.hydra_head,
                  unused=("prefix_embeding_layer.embed_tokens.weight",))
