@@ -106,3 +106,32 @@ def test_the_command_line_reports_a_bad_question_file_in_one_line(tmp_path):
         assert err.strip().splitlines() == [expected], (name, err)
         assert "Traceback" not in out + err and "Loading" not in out, name
     assert not (tmp_path / "runs").exists()
+
+
+def test_make_data_without_a_source_stops_in_one_line_and_leaves_nothing(tmp_path, monkeypatch):
+    """No network: the download fails with one line naming the set, the address and the fix (SPEC_BENCH_DATA), and
+    neither a partial file nor an empty folder is left; a source folder that lacks a set is one line too."""
+    import urllib.error
+    import urllib.request
+
+    from evaluation.tools import data
+
+    def refused(url, timeout):
+        raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
+
+    monkeypatch.setattr(urllib.request, "urlopen", refused)
+    out = tmp_path / "data"
+    with pytest.raises(SystemExit) as stop:
+        data.fetch("spec_bench", out, None)
+    message = str(stop.value)
+    assert "\n" not in message and message.startswith("error: spec_bench: cannot download https://")
+    assert "Temporary failure in name resolution" in message and "SPEC_BENCH_DATA" in message
+    assert not out.exists()
+
+    (tmp_path / "partial" / "gsm8k").mkdir(parents=True)  # a source folder without spec_bench
+    with pytest.raises(SystemExit, match=r"^error: .*spec_bench/question.jsonl is missing \(the folder of question"):
+        data.fetch("spec_bench", out, tmp_path / "partial")
+    assert not out.exists()
+    monkeypatch.setenv("SPEC_BENCH_DATA", str(tmp_path / "nowhere"))
+    with pytest.raises(SystemExit, match=r"^error: SPEC_BENCH_DATA=.*nowhere is not a folder"):
+        data.local_source()

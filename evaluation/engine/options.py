@@ -47,9 +47,10 @@ def _exists(path: Path, kind: str) -> bool:
         return False
 
 
-def require_file(option: str, value) -> None:
+def require_file(option: str, value, fix: str = "") -> None:
+    """An existing file; `fix` says how to get the expected one (named in the error)."""
     ok = isinstance(value, str) and value != "" and _exists(Path(value).expanduser(), "is_file")
-    require(ok, option, value, "an existing file")
+    require(ok, option, value, "an existing file" + (f"; {fix}" if fix else ""))
 
 
 def require_dir(option: str, value, containing: str | None = None) -> None:

@@ -89,7 +89,7 @@ class BenchConfig:
 
     def check(self) -> None:
         require_name("name", self.name)
-        require_file("question_file", self.question_file)
+        require_file("question_file", self.question_file, "`make data` puts the question sets under data/")
         if self.subtasks is not None:  # which subtasks the file has is checked when it is read
             subtasks = list(self.subtasks)
             ok = subtasks and all(s.strip() for s in subtasks) and len(set(subtasks)) == len(subtasks)

@@ -2,7 +2,8 @@
 
 Sources, in order: $SPEC_BENCH_DATA (a folder laid out like data/), ../shared/data when it exists, else a
 download from the upstream repository at a pinned commit. Nothing is downloaded at run time: the runner only
-reads data/.
+reads data/. A set that cannot be had stops the command with one line naming it and the fix, and leaves no
+partial file or empty folder behind.
 """
 
 from __future__ import annotations
@@ -30,37 +31,58 @@ QUESTION_SETS = {
 }
 
 
+OFFLINE = ("with no network, point SPEC_BENCH_DATA at a folder laid out like data/ (<set>/question.jsonl for "
+           + ", ".join(QUESTION_SETS) + ") and run `make data` again")
+
+
 def local_source() -> Path | None:
-    for candidate in (os.environ.get("SPEC_BENCH_DATA"), ROOT.parent / "shared" / "data"):
-        if candidate and Path(candidate).is_dir():
-            return Path(candidate)
-    return None
+    named = os.environ.get("SPEC_BENCH_DATA")
+    if named:
+        if not Path(named).expanduser().is_dir():
+            raise SystemExit(f"error: SPEC_BENCH_DATA={named} is not a folder (a folder laid out like data/)")
+        return Path(named).expanduser()
+    shared = ROOT.parent / "shared" / "data"
+    return shared if shared.is_dir() else None
 
 
 def fetch(name: str, target_dir: Path, source: Path | None) -> str:
+    """Put one question set in place, or stop with one line; a failure leaves neither a partial file nor a folder
+    it created."""
     sha, url = QUESTION_SETS[name]
     target = target_dir / name / "question.jsonl"
     if target.is_file() and file_sha256(target) == sha:
         return "present"
+    created = [d for d in (target_dir, target.parent) if not d.exists()]
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_suffix(".part")
-    if source is not None:
-        origin = source / name / "question.jsonl"
-        if not origin.is_file():
-            raise SystemExit(f"error: {origin} is missing")
-        shutil.copyfile(origin, tmp)
-        licence = source / name / "LICENSE"
-        if licence.is_file():
-            shutil.copyfile(licence, target.parent / "LICENSE")
-        how = f"copied from {origin}"
-    else:
-        with urllib.request.urlopen(url, timeout=60) as response, open(tmp, "wb") as f:
-            shutil.copyfileobj(response, f)
-        how = f"downloaded from {url}"
-    if file_sha256(tmp) != sha:
-        tmp.unlink()
-        raise SystemExit(f"error: {name}: sha256 mismatch ({how}); expected {sha}")
-    tmp.rename(target)
+    try:
+        if source is not None:
+            origin = source / name / "question.jsonl"
+            if not origin.is_file():
+                raise SystemExit(f"error: {origin} is missing (the folder of question sets must hold "
+                                 f"{name}/question.jsonl)")
+            shutil.copyfile(origin, tmp)
+            licence = source / name / "LICENSE"
+            if licence.is_file():
+                shutil.copyfile(licence, target.parent / "LICENSE")
+            how = f"copied from {origin}"
+        else:
+            try:
+                with urllib.request.urlopen(url, timeout=60) as response, open(tmp, "wb") as f:
+                    shutil.copyfileobj(response, f)
+            except OSError as exc:  # no network, refused, timed out (URLError is an OSError)
+                reason = getattr(exc, "reason", None) or exc
+                raise SystemExit(f"error: {name}: cannot download {url} ({reason}); {OFFLINE}") from None
+            how = f"downloaded from {url}"
+        if file_sha256(tmp) != sha:
+            raise SystemExit(f"error: {name}: sha256 mismatch ({how}); expected {sha}")
+        tmp.rename(target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        for folder in reversed(created):
+            if folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
+        raise
     return how
 
 
