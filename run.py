@@ -58,7 +58,7 @@ def cli() -> None:
     except ConfigCompositionException as exc:
         from evaluation.run.validation import option_error_from_hydra
 
-        error = option_error_from_hydra(exc)
+        error = option_error_from_hydra(exc, sys.argv[1:])
         if error is None or user_wants_full_error:
             report_as_hydra(exc, user_wants_full_error)
         print(f"error: {error}", file=sys.stderr)

@@ -221,12 +221,24 @@ def test_the_command_line_reports_bad_options_in_one_line(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
-def test_hydra_reports_an_unknown_group_option_itself(tmp_path):
-    process = run_cli(tmp_path, "method=nope")
-    _, err = process.communicate(timeout=120)
-    assert process.returncode == 1
-    assert err.splitlines()[0] == "In 'config': Could not find 'method/nope'"
-    assert "Traceback" not in err and not (tmp_path / "runs").exists()
+def test_a_mistyped_choice_or_option_name_is_one_line_with_the_fix(tmp_path):
+    """A config group choice that does not exist gets the closest name and the choices (not Hydra's page of them);
+    an option the chosen method lacks gets the method's options (not Hydra's `+key` hint)."""
+    samples = {
+        ("method=logitsepc",): "error: unknown method 'logitsepc' (did you mean 'logitspec'?); available: eagle, ",
+        ("model=vicuna7b",): "error: unknown model 'vicuna7b' (did you mean 'vicuna-7b'?); available: ",
+        ("method.top_k=3",): "error: unknown option method.top_k for method 'vanilla' (options: none)",
+        ("method=pld", "method.max_ngram_sizee=3"): "error: unknown option method.max_ngram_sizee for method 'pld' "
+                                                    "(options: max_ngram_size, ",
+    }
+    running = {sample: run_cli(tmp_path, *sample) for sample in samples}
+    for sample, process in running.items():
+        _, err = process.communicate(timeout=120)
+        assert process.returncode == 2 and len(err.strip().splitlines()) == 1, (sample, err)
+        assert err.startswith(samples[sample]), (sample, err)
+        assert "Traceback" not in err and "+method" not in err
+    assert "sam-no-fallback" in run_cli(tmp_path, "method=nope").communicate(timeout=120)[1]  # config names
+    assert not (tmp_path / "runs").exists()
 
 
 @pytest.mark.parametrize("command, outputs", [

@@ -54,7 +54,7 @@ def compose_cell(cell: str, common: list[str]):
     except ConfigCompositionException as exc:
         from evaluation.run.validation import option_error_from_hydra
 
-        error = option_error_from_hydra(exc)
+        error = option_error_from_hydra(exc, overrides)
         raise HarnessError(f"cell {cell!r}: {error or ' '.join(str(exc).split())}") from None
 
 

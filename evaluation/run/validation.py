@@ -10,6 +10,7 @@ the configs' `check()` methods share are in `evaluation.engine.options`.
 
 from __future__ import annotations
 
+import difflib
 import re
 import typing
 from dataclasses import fields, is_dataclass
@@ -73,20 +74,51 @@ def option_problem(group: str, dataclass_type, key: str, value=None, label: str 
     return OptionError(where, value, describe_type(annotation))
 
 
-def option_error_from_hydra(exc) -> HarnessError | None:
-    """The one-line error for a Hydra composition error about an option's value or name; None for anything else
-    (an unknown config group option, a broken YAML), which Hydra reports itself."""
+def option_error_from_hydra(exc, overrides: list[str] | None = None) -> HarnessError | None:
+    """The one-line error for a Hydra composition error about an option's value or name, or about a config group
+    choice that does not exist (with the closest names); None for anything else (a broken YAML), which Hydra
+    reports itself. `overrides` (the command line) says which method an unknown `method.<key>` was meant for."""
+    from hydra.errors import MissingConfigException
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
 
+    if isinstance(exc, MissingConfigException):
+        return unknown_choice(exc)
     cause = exc.__cause__
     if not isinstance(cause, (ValidationError, ConfigKeyError, ConfigAttributeError)):
         return None
     full_key = str(getattr(cause, "full_key", "") or "")
     group = full_key.split(".", 1)[0]
+    if group == "method" and "." in full_key:
+        return unknown_method_option(full_key.split(".", 1)[1], cause, overrides or [])
     groups = config_groups()
     if group not in groups or "." not in full_key:
         return None
     return schema_error(group, groups[group], cause)
+
+
+def unknown_choice(exc) -> HarnessError | None:
+    """`method=logitsepc`: the group's choices, the closest first, instead of Hydra's page of them."""
+    missing, choices = str(exc.missing_cfg_file or ""), [str(c) for c in exc.options or []]
+    if "/" not in missing or not choices:
+        return None
+    group, name = missing.rsplit("/", 1)
+    hint = difflib.get_close_matches(name, choices, n=1)
+    suggestion = f" (did you mean {hint[0]!r}?)" if hint else ""
+    return HarnessError(f"unknown {group} {name!r}{suggestion}; available: {', '.join(choices)}")
+
+
+def unknown_method_option(key: str, cause, overrides: list[str]) -> HarnessError:
+    """`method.<key>=...` that the chosen method's config lacks, a value of the wrong type (Hydra's own `+key` hint
+    would only add a key the method then refuses): named with the method's options."""
+    chosen = [o.split("=", 1)[1] for o in overrides if o.startswith("method=")]
+    name = chosen[-1] if chosen else "vanilla"  # conf/config.yaml's default
+    entry = catalog().get(name)
+    if entry is None:
+        return HarnessError(f"unknown option method.{key}")
+    config = import_class(entry.target, name).Config
+    if key.split(".")[0] in {f.name for f in fields(config)}:
+        return schema_error("method", config, cause, f"method {name!r}")
+    return option_problem("method", config, key, label=f"method {name!r}")
 
 
 # ----------------------------------------------------------------------------------------------- the entry point
