@@ -2,7 +2,8 @@
 
 Hydra composes `conf/`; `python run.py -m method=vanilla,...` runs several methods in one process.
 A bad option ends the command with one line on stderr and exit status 2, before the model loads
-(`evaluation.run.validation`); Hydra reports its own errors (an unknown config group option) as it always does.
+(`evaluation.run.validation`), a mistyped choice (`method=logitsepc`) too, with the closest name; Hydra reports
+the errors it alone understands (a broken YAML) as it always does.
 """
 
 import os
