@@ -8,6 +8,7 @@ the errors it alone understands (a broken YAML) as it always does.
 
 import os
 import sys
+from pathlib import Path
 
 from evaluation.versions import require_supported_environment
 
@@ -52,6 +53,12 @@ def launched_elsewhere() -> bool:
 
 def cli() -> None:
     """`main` with Hydra's type and key errors about an option turned into the same one-line error."""
+    from evaluation.run.validation import code_in_config_files
+
+    code = code_in_config_files(sys.argv[1:], Path(__file__).resolve().parent / "conf")
+    if code:
+        print(f"error: {code}", file=sys.stderr)
+        sys.exit(2)
     user_wants_full_error = os.environ.get("HYDRA_FULL_ERROR")
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra then raises its errors instead of printing them
     try:

@@ -305,3 +305,23 @@ def test_the_question_timeout_is_taken_and_is_not_part_of_a_run_identity(tmp_pat
             spec = validate(cfg)
             identities.add(json.dumps(run_identity(spec, model, "sha", 0), sort_keys=True))
     assert spec.run.question_timeout_s is None and len(identities) == 1
+
+
+def test_a_config_file_cannot_run_code_and_a_target_must_be_a_method(tmp_path):
+    """An experiment file whose `hydra:` block names a callback (which Hydra would run as it starts, before any
+    check) is refused in one line and nothing runs; a `_target_` that is a class but not a method is one line."""
+    victim = tmp_path / "written-by-a-callback"
+    (tmp_path / "conf" / "experiment").mkdir(parents=True)
+    (tmp_path / "conf" / "experiment" / "sneaky.yaml").write_text(
+        "# @package _global_\nhydra:\n  callbacks:\n    copy:\n      _target_: shutil.copyfile\n"
+        f"      src: {ROOT / 'run.py'}\n      dst: {victim}\n")
+    process = run_cli(tmp_path, f"hydra.searchpath=[file://{tmp_path / 'conf'}]", "experiment=sneaky")
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"error: {tmp_path / 'conf' / 'experiment' / 'sneaky.yaml'}: hydra.callbacks runs code")
+    assert not victim.exists() and not (tmp_path / "runs").exists()
+
+    process = run_cli(tmp_path, "method._target_=pathlib.Path")
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 2 and err.strip() == ("error: method 'vanilla': _target_ pathlib.Path is not a "
+                                                       "decoding method (a subclass of evaluation.engine.method.Method)")

@@ -14,6 +14,7 @@ import difflib
 import re
 import typing
 from dataclasses import fields, is_dataclass
+from pathlib import Path
 
 from evaluation.catalog import NOT_OPTIONS, MethodDisplay, catalog, import_class, method_display, unknown_method
 from evaluation.engine.errors import HarnessError, OptionError
@@ -121,6 +122,53 @@ def unknown_method_option(key: str, cause, overrides: list[str]) -> HarnessError
     return option_problem("method", config, key, label=f"method {name!r}")
 
 
+# ----------------------------------------------------------------------------------------------- config files
+# Keys under `hydra:` that make Hydra run code as it starts, before any option is checked: callbacks, and the
+# factories a logging configuration may name.
+CODE_KEYS = ("callbacks", "_target_", "()")
+
+
+def code_in_config_files(overrides: list[str], conf_dir: Path) -> str | None:
+    """What an experiment or local config file named by the command line would run when Hydra starts (its
+    `hydra:` block setting callbacks or a factory), as one line; None when nothing. Checked before Hydra starts,
+    since its callbacks run before the task: a file is data, and code is run only when the command line says so."""
+    import yaml
+
+    folders = [conf_dir]
+    for override in overrides:
+        if override.startswith("hydra.searchpath="):
+            for item in override.split("=", 1)[1].strip("[]").split(","):
+                item = item.strip().strip("'\"")
+                folders.append(Path(item[len("file://"):] if item.startswith("file://") else item))
+    names = [("local", "default")]
+    for override in overrides:
+        key, _, value = override.lstrip("+").partition("=")
+        if key in ("experiment", "local") and value and value != "null":
+            names += [(key, v.strip()) for v in value.split(",")]
+    for folder in folders:
+        for group, name in names:
+            path = folder / group / f"{name}.yaml"
+            try:
+                config = yaml.safe_load(path.read_text(encoding="utf-8")) if path.is_file() else None
+            except (OSError, yaml.YAMLError):
+                continue  # Hydra reports a file it cannot read
+            block = config.get("hydra") if isinstance(config, dict) else None
+            found = _code_keys(block, "hydra") if isinstance(block, dict) else []
+            if found:
+                return (f"{path}: {found[0]} runs code when Hydra starts, and a config file may not set it (give it "
+                        f"on the command line if you mean it)")
+    return None
+
+
+def _code_keys(node, where: str) -> list[str]:
+    if isinstance(node, dict):
+        found = [f"{where}.{key}" for key in node if key in CODE_KEYS and node[key] not in (None, {}, [])]
+        return found + [k for key, value in node.items() for k in _code_keys(value, f"{where}.{key}")]
+    if isinstance(node, list):
+        return [k for i, value in enumerate(node) for k in _code_keys(value, f"{where}[{i}]")]
+    return []
+
+
 # ----------------------------------------------------------------------------------------------- the entry point
 def check_config(group: str, config) -> None:
     """Run `config.check()` and name the option with its group."""
@@ -183,6 +231,11 @@ def method_spec(method_cfg) -> MethodSpec:
         cls = import_class(catalog()[name].target, name)
     else:
         raise unknown_method(name)
+    from evaluation.engine.method import Method
+
+    if not issubclass(cls, Method):
+        raise HarnessError(f"method {name!r}: _target_ {cls.__module__}.{cls.__qualname__} is not a decoding method "
+                           f"(a subclass of evaluation.engine.method.Method)")
     display = method_cfg.get("display")
     display = MethodDisplay.from_config(name, OmegaConf.to_container(display, resolve=True)) if display is not None \
         else method_display(name)
