@@ -27,14 +27,16 @@ register_configs()
 def main(cfg) -> None:
     from evaluation.report.cli import main as report_main
     from evaluation.run.orchestrate import run
+    from evaluation.run.stopping import clean_stop
 
     try:
-        for folder in run(cfg):
-            print(f"Answers: {folder}")
-        if cfg.run.report and launched_elsewhere():
-            print(f"Report: `python -m evaluation.report --results {cfg.run.results_dir}` once every job is done")
-        elif cfg.run.report:
-            report_main(["--results", cfg.run.results_dir, "--quiet-if-empty"])
+        with clean_stop(cfg.run.results_dir):
+            for folder in run(cfg):
+                print(f"Answers: {folder}")
+            if cfg.run.report and launched_elsewhere():
+                print(f"Report: `python -m evaluation.report --results {cfg.run.results_dir}` once every job is done")
+            elif cfg.run.report:
+                report_main(["--results", cfg.run.results_dir, "--quiet-if-empty"])
     except HarnessError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)

@@ -173,16 +173,19 @@ def parse(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from evaluation.run.stopping import clean_stop
+
     specs, common = parse(sys.argv[1:] if argv is None else argv)
     try:
-        folders = interleave(specs, common)
-        for folder in folders:
-            print(f"Answers: {folder}")
         cfg = compose_cell(specs[0], common)
-        if cfg.run.report:
-            from evaluation.report.cli import main as report_main
+        with clean_stop(cfg.run.results_dir):
+            folders = interleave(specs, common)
+            for folder in folders:
+                print(f"Answers: {folder}")
+            if cfg.run.report:
+                from evaluation.report.cli import main as report_main
 
-            report_main(["--results", cfg.run.results_dir, "--quiet-if-empty"])
+                report_main(["--results", cfg.run.results_dir, "--quiet-if-empty"])
     except HarnessError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
