@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pandas as pd
 import pytest
 
 from evaluation.engine.timing import PARTS
@@ -569,3 +570,29 @@ def test_an_output_folder_that_cannot_be_written_is_one_line(toy_results, capsys
     [line] = capsys.readouterr().err.splitlines()
     assert line.startswith(f"error: cannot write the report into {out}: ")
     assert out.read_text() == "a file where the folder should be"
+
+
+def test_two_run_sets_side_by_side(toy_results, tmp_path, capsys):
+    """`--compare A B`: each method against its own set's vanilla, the B / A ratios, each set's losslessness and
+    provenance; a method only one set ran has blanks on the other side; a set without runs is one line."""
+    b = tmp_path / "b"
+    questions = write_questions(tmp_path / "b_questions.jsonl")
+    write_run(b / "v", "vanilla", "k1", [(1, "qa", 10, 5.0, 10, [1, 2, 3]), (2, "qa", 20, 5.0, 20, [4, 5]),
+                                         (3, "rag", 30, 5.0, 30, [6])], question_file=questions)
+    write_run(b / "m", "fast", "k1", [(1, "qa", 10, 1.0, 2, [1, 2, 3]), (2, "qa", 20, 1.0, 4, [4, 5]),
+                                      (3, "rag", 30, 1.0, 6, [6])], question_file=questions)
+    write_run(b / "s", "slow", "k1", [(1, "qa", 10, 10.0, 10, [1, 2, 3])], question_file=questions)
+    report_main(["--compare", str(toy_results / "runs"), str(b), "--out", str(tmp_path / "cmp")])
+    table = pd.read_csv(tmp_path / "cmp" / "compare.csv").set_index("method_label")
+    a_speedup = ((2 + 10 + 6) / 3) / ((1 + 2 + 3) / 3)  # test_speedup_mat_and_breakdown's overall row
+    assert table.loc["fast", "speedup_a"] == pytest.approx(a_speedup) and table.loc["fast", "speedup_b"] == 5.0
+    assert table.loc["fast", "speedup_b_over_a"] == pytest.approx(5.0 / a_speedup)
+    assert table.loc["fast", "mat_b"] == pytest.approx(60 / 12) and table.loc["fast", "lossless_b"] == "3/3"
+    assert table.loc["fast", "lossless_a"] == "2/3"
+    assert pd.isna(table.loc["slow", "speedup_a"]) and table.loc["slow", "speedup_b"] == pytest.approx(0.5)
+    markdown = (tmp_path / "cmp" / "compare.md").read_text()
+    assert markdown.count("Machine: ") == 2 and "| fast | toy | 16 | 0 |" in markdown
+    assert capsys.readouterr().out.strip() == markdown.strip()
+    with pytest.raises(SystemExit) as stop:
+        report_main(["--compare", str(toy_results / "runs"), str(tmp_path / "empty")])
+    assert stop.value.code == 2 and capsys.readouterr().err.startswith("error: no runs under ")
