@@ -36,6 +36,7 @@ METHODS   ?=
 
 help:  ## [instant] list the targets, with their duration on 2 CPU cores
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
+	@for f in $(FAMILIES); do printf "  %-18s %s\n" "train-$$f" "[as train] make train FAMILY=$$f"; done
 
 setup: $(if $(filter $(VENV_PY),$(PY)),.venv/.installed,check-environment)  ## [~3 min, once] create .venv with the pinned dependencies (PY=...: only check that interpreter)
 

@@ -26,13 +26,14 @@ register_configs()
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg) -> None:
     from evaluation.report.cli import main as report_main
+    from evaluation.run.folder import finished_line
     from evaluation.run.orchestrate import run
     from evaluation.run.stopping import clean_stop
 
     try:
         with clean_stop(cfg.run.results_dir):
             for folder in run(cfg):
-                print(f"Answers: {folder}")
+                print(finished_line(folder))
             if cfg.run.report and launched_elsewhere():
                 print(f"Report: `python -m evaluation.report --results {cfg.run.results_dir}` once every job is done")
             elif cfg.run.report:

@@ -5,8 +5,8 @@ Layers, bottom up: the engine (a library: torch, transformers and itself), the s
 the family registry, models, questions, corpus, hub, templates, files, provenance, versions), what trained drafts
 share (`drafts`: checkpoints, the tree-draft base, training data, the trainer), the methods (`baselines`,
 `logitspec`, `gumiho`, `eagle`, `medusa`: each imports only the layers below and itself), the report and figures,
-the run path (`evaluation.run`), the standalone commands (`evaluation.tools`). A module may import its own layer
-and those below. Every import counts, at the top of a file or inside a function.
+the run path (`evaluation.run`), the standalone commands (`evaluation.tools`) and the Python API (`specdec`). A
+module may import its own layer and those below. Every import counts, at the top of a file or inside a function.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 METHOD_PACKAGES = ("baselines", "logitspec", "gumiho", "eagle", "medusa")
-PACKAGES = ("evaluation", "drafts", *METHOD_PACKAGES)
+PACKAGES = ("evaluation", "drafts", *METHOD_PACKAGES, "specdec")
 LAYERS = ("engine", "shared", "drafts", "methods", "report", "run", "tools")
 
 
@@ -30,6 +30,8 @@ def layer(module: str) -> str:
         return "methods"
     if parts[0] == "drafts":
         return "drafts"
+    if parts[0] == "specdec":  # the Python API: the top, beside the commands
+        return "tools"
     if len(parts) > 1 and parts[1] in ("engine", "report", "run", "tools"):
         return parts[1]
     return "shared"  # evaluation itself and its top-level modules

@@ -17,7 +17,7 @@ from evaluation.report.stats import summarize
 from evaluation.run import orchestrate
 from evaluation.catalog import method_class
 from evaluation.engine.budget import (AcceptanceModel, DraftBudget, LatencyCurve, best_subtree, calibrate,
-                                      prune)
+                                      check_curve_table, prune)
 from evaluation.engine.tree import DraftTree, SideNodes
 from evaluation.engine.errors import HarnessError
 from tests.conftest import THREE
@@ -381,3 +381,26 @@ def test_runner_records_proposed_and_verified_nodes(lm, tmp_path):
     pairs = pd.read_csv(next(p for p in written if p.name.startswith("budget_") and p.suffix == ".csv"))
     assert sorted(pairs.budget) == ["auto,replayed_curve", "off"] and set(pairs.method_label) == {"pld"}
     assert any(p.name.startswith("budget_") and p.suffix == ".png" for p in written)
+
+
+@pytest.mark.parametrize("widths, times, problem", [
+    ([1], [20.0], "at least two distinct widths"),
+    ([1, 1], [20.0, 21.0], "at least two distinct widths"),
+    ([2, 4], [20.0, 21.0], "k = 1 among them"),
+    ([1, 1.5], [20.0, 21.0], "whole numbers"),
+    ([1, 10**9], [20.0, 21.0], "whole numbers from 1 to 4097"),
+    ([1, 2], [20.0, float("inf")], "finite"),
+    ([1, 2], [20.0, float("nan")], "must be numbers"),
+    ([1, 2], [20.0, -1.0], "finite, from"),
+    ([1, 2], [1e-300, 1e-300], "finite, from"),
+    ([1, 2], [1e300, 1e300], "finite, from"),
+    ([1, 8, 64], [20.0, 30.0, 10.0], "falls from k = 8 to k = 64"),
+])
+def test_a_nonsense_latency_curve_is_refused(widths, times, problem):
+    """Each case the fault probe saw accepted; a replayed file and a cached calibration are checked alike."""
+    assert problem in check_curve_table(pd.DataFrame({"new_tokens": widths, "median_ms": times}))
+
+
+def test_a_curve_that_dips_at_narrow_widths_is_a_measured_one():
+    """CPUs measure an 8-token forward faster than a 1-token one (a wider product runs a faster kernel): kept."""
+    assert check_curve_table(pd.DataFrame({"new_tokens": [1, 8, 64, 128], "median_ms": [62.9, 50.3, 70.0, 95.0]})) == ""

@@ -142,6 +142,15 @@ def test_a_question_that_raises_is_recorded_and_excluded(lm, tmp_path):
     assert bad.status == "error" and "does not fit the context" in bad.error and "\n" not in bad.error
     summary = summarize(df)
     assert summary[summary.subtask == "overall"].questions.tolist() == [1]
+    # The command line's last line says so, without the report (run.report=false).
+    done = subprocess.run([sys.executable, "run.py", f"bench.question_file={qfile}", "model.max_context=120",
+                           "bench.max_new_tokens=8", "bench.warmup=0", "run.progress=false", "run.report=false",
+                           f"run.results_dir={tmp_path / 'cli'}"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    last = done.stdout.strip().splitlines()[-1]
+    assert last.startswith(f"Answers: {tmp_path / 'cli'}") and "(1 of 2 questions failed, status \"error\"" in last
+    assert "does not fit the context" in last and last.endswith("the same command asks them again)")
 
 
 @pytest.mark.parametrize("content, message", [

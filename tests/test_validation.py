@@ -208,7 +208,9 @@ def test_the_command_line_reports_bad_options_in_one_line(tmp_path):
         "method.datastore": ["method=rest", f"method.datastore={tmp_path}"],
         "bench.max_new_tokenz": ["bench.max_new_tokenz=3"],
         "run.seed": ["run.seed=-1"],
+        "run.latency_curve": ["run.draft_budget=auto", f"run.latency_curve={tmp_path / 'inf.csv'}"],
     }
+    (tmp_path / "inf.csv").write_text("new_tokens,median_ms\n1,20\n8,inf\n")
     running = {name: run_cli(tmp_path, *overrides) for name, overrides in samples.items()}
     for name, process in running.items():
         out, err = process.communicate(timeout=120)

@@ -181,6 +181,18 @@ class OpenRun:
         self.answers.append(record)
 
 
+def finished_line(folder: Path) -> str:
+    """The run's last line: its folder, and how many questions failed (recorded with status "error"; the same
+    command asks them again), so a failure is seen without the report."""
+    records = [record for _, record in read_answers(folder / ANSWERS).records]
+    failed = [r for r in records if r.get("status", "ok") != "ok"]
+    if not failed:
+        return f"Answers: {folder}"
+    first = str(failed[0].get("error") or "")[:160]
+    return (f"Answers: {folder} ({len(failed)} of {len(records)} questions failed, status \"error\" in {ANSWERS}; "
+            f"the first: {first}; the same command asks them again)")
+
+
 def run_folder(spec, identity: dict) -> Path:
     return Path(spec.run.results_dir) / spec.model.name / f"{spec.method.name}-{digest(identity)}"
 

@@ -173,6 +173,7 @@ def parse(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from evaluation.run.folder import finished_line
     from evaluation.run.stopping import clean_stop
 
     specs, common = parse(sys.argv[1:] if argv is None else argv)
@@ -181,7 +182,7 @@ def main(argv: list[str] | None = None) -> None:
         with clean_stop(cfg.run.results_dir):
             folders = interleave(specs, common)
             for folder in folders:
-                print(f"Answers: {folder}")
+                print(finished_line(folder))
             if cfg.run.report:
                 from evaluation.report.cli import main as report_main
 

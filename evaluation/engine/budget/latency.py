@@ -17,9 +17,12 @@ import torch
 from evaluation.engine.device import processor_name
 from evaluation.engine.errors import HarnessError
 from evaluation.engine.kv_cache import cache_argument, cache_for
+from evaluation.engine.options import MAX_DRAFT_NODES
 from evaluation.engine.tree import DraftTree, build_tree_inputs
 
 CALIBRATION_WIDTHS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+MAX_WIDTH = MAX_DRAFT_NODES + 1  # the widest forward: a whole tree and its pending token
+MIN_MS, MAX_MS = 1e-4, 1e7  # a forward's plausible time: from a tenth of a microsecond to under three hours
 
 
 
@@ -114,7 +117,10 @@ class LatencyCurve:
 
 
 def check_curve_table(table: pd.DataFrame) -> str:
-    """What is wrong with a latency-curve table, or "" when it can be used."""
+    """What is wrong with a latency-curve table, or "" when it can be used: at least two distinct whole widths
+    from 1 up to the most nodes a tree may have, finite times a forward can take, and a last segment that does not fall (the
+    curve goes on past its last point with that slope, which must never reach zero). A dip between narrow widths is
+    allowed: CPUs measure one (a wider product can run faster kernels)."""
     missing = {"new_tokens", "median_ms"} - set(table.columns)
     if missing:
         return f"missing columns {sorted(missing)} (needs new_tokens and median_ms)"
@@ -122,8 +128,17 @@ def check_curve_table(table: pd.DataFrame) -> str:
     t = pd.to_numeric(table.median_ms, errors="coerce")
     if k.isna().any() or t.isna().any():
         return "new_tokens and median_ms must be numbers"
-    if 1 not in set(k) or (k < 1).any() or not k.is_unique or (t <= 0).any():
-        return "needs k = 1, distinct k >= 1 and positive times"
+    if len(k) < 2 or not k.is_unique or 1 not in set(k):
+        return "needs at least two distinct widths (new_tokens), k = 1 among them"
+    if (k != k.round()).any() or (k < 1).any() or (k > MAX_WIDTH).any():
+        return f"widths (new_tokens) must be whole numbers from 1 to {MAX_WIDTH}"
+    if not np.isfinite(t).all() or (t < MIN_MS).any() or (t > MAX_MS).any():
+        return f"times (median_ms) must be finite, from {MIN_MS:g} to {MAX_MS:,.0f} ms"
+    order = np.argsort(k.to_numpy())
+    widths, times = k.to_numpy()[order], t.to_numpy()[order]
+    if times[-1] < times[-2]:
+        return (f"the time falls from k = {widths[-2]:g} to k = {widths[-1]:g}, so wider trees would be predicted to "
+                "cost ever less (measure it again: make bench-engine)")
     return ""
 
 
