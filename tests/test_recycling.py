@@ -118,10 +118,10 @@ def test_question_scope_does_not_depend_on_question_order(lm, lossless_prompts):
     first, second = lossless_prompts["q81"], lossless_prompts["q81-turn2"]
     assert second[: len(first)] == first
     names = ["q161", "q481"]
-    for scope in ("question", "turn"):
-        forward = accept_lengths_in_order(lm, lossless_prompts, names, scope)
-        backward = accept_lengths_in_order(lm, lossless_prompts, names[::-1], scope)
-        assert forward == backward, scope
+    # (The turn scope starts afresh at every turn, more often still: the question scope is the one at risk.)
+    forward = accept_lengths_in_order(lm, lossless_prompts, names, "question")
+    backward = accept_lengths_in_order(lm, lossless_prompts, names[::-1], "question")
+    assert forward == backward
     # The process scope (upstream) carries the matrix over: the second question drafts differently.
     forward = accept_lengths_in_order(lm, lossless_prompts, names, "process")
     backward = accept_lengths_in_order(lm, lossless_prompts, names[::-1], "process")
@@ -129,7 +129,7 @@ def test_question_scope_does_not_depend_on_question_order(lm, lossless_prompts):
     assert all(forward[n][0] == backward[n][0] for n in names)  # the same tokens either way
 
 
-UPSTREAM_NAMES = ("q81", "q161", "q241")  # in this order, one matrix for all, as upstream's process carries it
+UPSTREAM_NAMES = ("q81", "q161")  # in this order, one matrix for both, as upstream's process carries it
 UPSTREAM_TOKENS = 24
 
 
