@@ -125,11 +125,15 @@ def import_class(target: str, name: str = ""):
     return cls
 
 
-def unknown_method(name: str) -> HarnessError:
-    names = available_methods()
-    hint = difflib.get_close_matches(name, names, n=1)
+def unknown_name(kind: str, name: str, choices: list[str]) -> HarnessError:
+    """`unknown method 'logitsepc' (did you mean 'logitspec'?); available: ...`: one line, the closest name first."""
+    hint = difflib.get_close_matches(name, choices, n=1)
     suggestion = f" (did you mean {hint[0]!r}?)" if hint else ""
-    return HarnessError(f"unknown method {name!r}{suggestion}; available: {', '.join(names)}")
+    return HarnessError(f"unknown {kind} {name!r}{suggestion}; available: {', '.join(choices)}")
+
+
+def unknown_method(name: str) -> HarnessError:
+    return unknown_name("method", name, available_methods())
 
 
 def method_class(name: str):

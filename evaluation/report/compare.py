@@ -38,9 +38,9 @@ def compare(folder_a, folder_b) -> tuple[pd.DataFrame, str]:
     table = a.join(b, how="outer", lsuffix="_a", rsuffix="_b").reset_index()
     for metric in METRICS:
         table[f"{metric}_b_over_a"] = table[f"{metric}_b"] / table[f"{metric}_a"]
-    table = table.iloc[sorted(range(len(table)), key=lambda i: (
-        table[f"speedup_{'a'}"].isna().iloc[i] or table["speedup_b"].isna().iloc[i],
-        method_sort_key(table.method_label.iloc[i])))].reset_index(drop=True)
+    one_side = (table.speedup_a.isna() | table.speedup_b.isna()).tolist()  # methods both sets ran come first
+    order = sorted(range(len(table)), key=lambda i: (one_side[i], method_sort_key(table.method_label.iloc[i])))
+    table = table.iloc[order].reset_index(drop=True)
     lines = [f"# Run sets compared: A = `{folder_a}`, B = `{folder_b}`", "",
              f"- A: {where_a}", f"- B: {where_b}", "",
              "Each method against its own set's vanilla run (overall, mean over repeats); B / A above 1: B is "

@@ -10,13 +10,13 @@ the configs' `check()` methods share are in `evaluation.engine.options`.
 
 from __future__ import annotations
 
-import difflib
 import re
 import typing
 from dataclasses import fields, is_dataclass
 from pathlib import Path
 
-from evaluation.catalog import NOT_OPTIONS, MethodDisplay, catalog, import_class, method_display, unknown_method
+from evaluation.catalog import (NOT_OPTIONS, MethodDisplay, catalog, import_class, method_display, unknown_method,
+                                unknown_name)
 from evaluation.engine.errors import HarnessError, OptionError
 from evaluation.run.config import config_groups
 from evaluation.run.spec import MethodSpec, RunSpec
@@ -98,14 +98,12 @@ def option_error_from_hydra(exc, overrides: list[str] | None = None) -> HarnessE
 
 
 def unknown_choice(exc) -> HarnessError | None:
-    """`method=logitsepc`: the group's choices, the closest first, instead of Hydra's page of them."""
+    """`method=logitsepc`: the closest config name and the group's choices, instead of Hydra's page of them."""
     missing, choices = str(exc.missing_cfg_file or ""), [str(c) for c in exc.options or []]
     if "/" not in missing or not choices:
         return None
     group, name = missing.rsplit("/", 1)
-    hint = difflib.get_close_matches(name, choices, n=1)
-    suggestion = f" (did you mean {hint[0]!r}?)" if hint else ""
-    return HarnessError(f"unknown {group} {name!r}{suggestion}; available: {', '.join(choices)}")
+    return unknown_name(group, name, choices)
 
 
 def unknown_method_option(key: str, cause, overrides: list[str]) -> HarnessError:
